@@ -1,0 +1,161 @@
+"""Layouts checked on CPU without building a mesh (like torchtitan's test_parallel_dims.py)."""
+
+import pytest
+
+from hybrid_engine.layout import (
+    FSDP_ORDER,
+    InferLayout,
+    LayoutError,
+    TrainLayout,
+    check_compatible,
+    collect_layout_errors,
+)
+
+DESC = "cluster.nnodes 2 * cluster.gpus_per_node 8"
+
+
+def test_error_shows_the_arithmetic():
+    with pytest.raises(LayoutError) as info:
+        TrainLayout(dp=1, tp=8, pp=4).resolve(16, world_desc=DESC)
+    assert str(info.value) == (
+        "layout.train: dp(1)*tp(8)*pp(4)*cp(1)=32 != world_size 16 (cluster.nnodes 2 * cluster.gpus_per_node 8)"
+    )
+    assert isinstance(info.value, ValueError)
+
+
+def test_leftover_dp_is_filled():
+    layout = TrainLayout(tp=2, pp=2, cp=2).resolve(32)
+    assert layout.dp == 4 and layout.world_size == 32
+    assert InferLayout(tp=4).resolve(32).dp == 8
+    assert TrainLayout(dp=-1, tp=8).resolve(8).dp_enabled is False
+
+
+def test_leftover_dp_not_divisible():
+    with pytest.raises(LayoutError, match=r"dp=-1 needs tp\(3\)\*pp\(1\)\*cp\(1\)=3 to divide world_size 16"):
+        TrainLayout(tp=3).resolve(16)
+
+
+def test_unresolved_world_size_raises():
+    with pytest.raises(LayoutError, match="not resolved"):
+        _ = TrainLayout(tp=2).world_size
+
+
+@pytest.mark.parametrize("field", ["tp", "pp", "cp", "ep"])
+def test_non_positive_degrees(field):
+    with pytest.raises(LayoutError, match=rf"layout.train.{field}: must be a positive integer, got 0"):
+        TrainLayout(**{field: 0})
+
+
+def test_bad_order():
+    with pytest.raises(LayoutError, match="order"):
+        TrainLayout(tp=2, order="tp-dp")
+
+
+def test_enabled_flags():
+    layout = TrainLayout(dp=2, tp=4, pp=1, cp=2, ep=2)
+    assert (layout.dp_enabled, layout.tp_enabled, layout.pp_enabled, layout.cp_enabled, layout.ep_enabled) == (
+        True,
+        True,
+        False,
+        True,
+        True,
+    )
+    assert layout.world_size == 16 and layout.model_parallel_size == 4
+
+
+def test_megatron_rank_order():
+    layout = TrainLayout(dp=1, tp=8, pp=4)
+    for rank in range(32):
+        coords = layout.coords(rank)
+        assert rank == 8 * coords["pp"] + coords["tp"]
+        assert layout.rank_of(tp=coords["tp"], pp=coords["pp"]) == rank
+    assert layout.coords(17) == {"tp": 1, "cp": 0, "ep": 0, "edp": 0, "dp": 0, "pp": 2}
+
+
+def test_megatron_order_with_cp_and_dp():
+    layout = TrainLayout(dp=2, tp=2, pp=2, cp=2)
+    # tp fastest, then cp, dp, pp
+    assert layout.rank_of(tp=1, cp=1, dp=1, pp=1) == 1 + 2 * 1 + 4 * 1 + 8 * 1
+    assert layout.coords(6) == {"tp": 0, "cp": 1, "ep": 0, "edp": 3, "dp": 1, "pp": 0}
+
+
+def test_expert_coordinates():
+    layout = TrainLayout(dp=4, tp=2, pp=1, ep=2)
+    # data index = dp_i; ep fastest inside it
+    assert [layout.coords(r)["ep"] for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert [layout.coords(r)["edp"] for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_fsdp_order_puts_ulysses_fastest():
+    layout = TrainLayout(dp=4, cp=2, order=FSDP_ORDER)
+    assert [layout.coords(r)["cp"] for r in range(4)] == [0, 1, 0, 1]
+    assert layout.rank_of(dp=3, cp=1) == 7
+
+
+def test_infer_coords():
+    layout = InferLayout(tp=4, pp=2, dp=2)
+    assert layout.coords(13) == {"tp": 1, "pp": 1, "dp": 1}
+    assert layout.rank_of(tp=1, pp=1, dp=1) == 13
+    assert layout.engine_size == 8
+
+
+def test_rank_out_of_range():
+    with pytest.raises(LayoutError, match=r"rank 32 outside \[0, 32\)"):
+        TrainLayout(dp=1, tp=8, pp=4).coords(32)
+
+
+def test_compatible_hybridflow():
+    train = TrainLayout(dp=1, tp=8, pp=4)
+    assert check_compatible(train, InferLayout(tp=4, pp=1, dp=8)) == []
+    assert check_compatible(train, InferLayout(tp=2, pp=2, dp=8)) == []
+
+
+def test_incompatible_tp_pp_ep_world():
+    train = TrainLayout(dp=2, tp=4, pp=2, ep=2)
+    problems = check_compatible(train, InferLayout(tp=3, pp=4, dp=1, ep=3))
+    assert problems == [
+        "layout.infer: tp(3)*pp(4)*dp(1)=12 != layout.train world dp(2)*tp(4)*pp(2)*cp(1)=16"
+        " (generation runs on the training GPUs)",
+        "layout.infer.tp: infer.tp(3) must divide layout.train.tp(4) (4 % 3 = 1)",
+        "layout.infer.pp: infer.pp(4) must divide layout.train.pp(2) (2 % 4 = 2)",
+        "layout.infer.ep: infer.ep(3) must divide layout.train.ep(2) (2 % 3 = 2)",
+    ]
+
+
+def test_fsdp_training_reshards_to_any_dividing_tp():
+    train = TrainLayout(dp=8, order=FSDP_ORDER)
+    assert check_compatible(train, InferLayout(tp=4, dp=2)) == []
+
+
+def test_collect_never_raises_and_collects_everything():
+    train, infer, problems = collect_layout_errors({"dp": 1, "tp": 8, "pp": 4}, {"tp": 3}, 16, DESC)
+    assert train is None and infer is None
+    assert problems == [
+        "layout.train: dp(1)*tp(8)*pp(4)*cp(1)=32 != world_size 16 (cluster.nnodes 2 * cluster.gpus_per_node 8)",
+        "layout.infer: dp=-1 needs tp(3)*pp(1)=3 to divide world_size 16"
+        " (cluster.nnodes 2 * cluster.gpus_per_node 8) (remainder 1)",
+        "layout.infer.tp: infer.tp(3) must divide layout.train.tp(8) (8 % 3 = 2)",
+    ]
+
+
+def test_collect_bad_values():
+    train, infer, problems = collect_layout_errors({"tp": 0, "dp": "x", "foo": 1}, None, 8, None)
+    assert train is None and infer is not None and infer.dp == 8
+    assert problems == [
+        "layout.train: unknown keys ['foo']; allowed: ['dp', 'tp', 'pp', 'cp', 'ep', 'order']",
+        "layout.train.dp: must be an integer, got 'x'",
+        "layout.train.tp: must be a positive integer, got 0",
+    ]
+
+
+def test_collect_ep_against_resolved_dp():
+    _, _, problems = collect_layout_errors({"tp": 8, "pp": 4, "ep": 3}, {"tp": 4}, 64, None)
+    assert problems[0] == (
+        "layout.train.ep: ep(3) must divide dp(2)*cp(1)=2 (experts are sharded over the data-parallel ranks of a stage)"
+    )
+
+
+def test_collect_good():
+    train, infer, problems = collect_layout_errors({"tp": 8, "pp": 4}, {"tp": 4, "dp": -1}, 32, DESC)
+    assert problems == []
+    assert train == TrainLayout(dp=1, tp=8, pp=4) and infer == InferLayout(tp=4, pp=1, dp=8)
