@@ -11,17 +11,23 @@ Nothing at import time needs torch or transformers; ``build_spec(..., method="me
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 __all__ = [
     "HUB_IDS",
     "MODEL_CONFIG_DIR",
+    "PARTITIONS",
     "ModelArch",
+    "ModelSpec",
     "ModelSpecError",
+    "TensorSpec",
+    "arch_from_config",
+    "build_spec",
     "hub_id",
     "load_arch",
     "shipped_models",
+    "units_range",
 ]
 
 MODEL_CONFIG_DIR = Path(__file__).resolve().parent / "model_configs"
@@ -235,3 +241,377 @@ def load_arch(name_or_path: str | Path) -> ModelArch:
     except (OSError, json.JSONDecodeError) as error:
         raise ModelSpecError(f"model {name!r}: cannot read {path}: {error}") from error
     return arch_from_config(config, name)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Tensor specs
+# ---------------------------------------------------------------------------------------------------------------------
+
+PARTITIONS = ("column", "row", "vocab", "replicated", "fused_qkv", "fused_gate_up", "expert")
+"""How tensor parallelism splits a tensor:
+
+- column: output features (dim 0) split; a bias of a column layer splits the same way.
+- row: input features (dim 1) split; the row layer's bias is ``replicated``.
+- vocab: embedding / lm_head rows (dim 0) split over the vocabulary.
+- replicated: every TP rank holds all of it (norms, routers, MLA down-projections).
+- fused_qkv: Megatron's ``linear_qkv``: q, k, v of each query group concatenated, split by query groups.
+- fused_gate_up: Megatron's ``linear_fc1``: [gate; up] split so each rank holds its gate slice and its up slice.
+- expert: MoE experts; experts (dim 0) split by ep, each expert split by tp like ``expert_tp`` says.
+"""
+
+_FAST_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3")
+
+
+def units_range(n_units: int, parts: int, rank: int) -> tuple[int, int]:
+    """Units [lo, hi) that ``rank`` of ``parts`` holds: the balanced split ``[floor(r*n/T), floor((r+1)*n/T))``.
+
+    The balanced split composes: the union of ranks k*tau .. k*tau+k-1 of T is rank tau of T/k. So a generation TP
+    slice is exactly the union of its micro-DP group's training slices, for any size. When there are fewer units
+    than ranks (GQA kv heads with tp > kv heads) each rank holds one whole unit, ``floor(r*n/T)``, replicated.
+    """
+    if n_units < parts:
+        unit = rank * n_units // parts
+        return unit, unit + 1
+    return rank * n_units // parts, (rank + 1) * n_units // parts
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TensorSpec:
+    """One tensor of the model: HF name and shape, and how TP (and EP) split it."""
+
+    name: str
+    """HF state-dict name (``model.layers.0.self_attn.q_proj.weight``)."""
+    shape: tuple[int, ...]
+    """Full (unsharded) shape."""
+    partition: str
+    """One of PARTITIONS."""
+    tp_dim: int | None = None
+    """Dimension TP splits (None: replicated)."""
+    tp_parts: tuple[tuple[int, int], ...] = ()
+    """Along tp_dim: (units, unit_size) blocks, each split by units (heads for attention, 1 row otherwise)."""
+    ep_dim: int | None = None
+    """Dimension EP splits (the experts dimension of HF's fused expert tensors), else None."""
+    expert_tp: str = ""
+    """For experts: how TP splits each expert, ``fused_gate_up`` or ``row``."""
+    layer: int | None = None
+    """Decoder layer, or None for embeddings, final norm and lm_head."""
+    gqa_kv: bool = False
+    """k/v projection of a GQA model: heads are replicated when tp > num_key_value_heads."""
+    tied_to: str | None = None
+    """The tensor this one shares storage with (lm_head tied to the embedding)."""
+    megatron_name: str = ""
+    """Name of the Megatron-core tensor this one becomes (fused tensors share it)."""
+
+    @property
+    def numel(self) -> int:
+        out = 1
+        for size in self.shape:
+            out *= size
+        return out
+
+    def tp_units(self) -> int:
+        return sum(units for units, _ in self.tp_parts)
+
+    def tp_slice_numel(self, tp: int, rank: int) -> int:
+        """Elements TP rank ``rank`` of ``tp`` holds (of all experts, before EP)."""
+        if self.tp_dim is None or tp == 1:
+            return self.numel
+        along = sum(size * _span(units_range(units, tp, rank)) for units, size in self.tp_parts)
+        return self.numel // self.shape[self.tp_dim] * along
+
+    def kv_replicas(self, tp: int) -> int:
+        """How many TP ranks hold each kv head (1 unless this is GQA k/v with tp > kv heads)."""
+        units = self.tp_units()
+        return tp // units if self.gqa_kv and units < tp else 1
+
+    def to_dict(self) -> dict:
+        out = {"name": self.name, "shape": list(self.shape), "partition": self.partition, "tp_dim": self.tp_dim}
+        for key in ("ep_dim", "layer", "tied_to"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        if self.expert_tp:
+            out["expert_tp"] = self.expert_tp
+        if self.gqa_kv:
+            out["gqa_kv"] = True
+        out["megatron_name"] = self.megatron_name
+        return out
+
+
+def _span(bounds: tuple[int, int]) -> int:
+    return bounds[1] - bounds[0]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelSpec:
+    """Every tensor of a model (HF names), in state-dict order, with its TP/EP partition."""
+
+    arch: ModelArch
+    tensors: tuple[TensorSpec, ...]
+    method: str
+    """``analytic`` (computed from ModelArch) or ``meta`` (built with transformers on the meta device)."""
+
+    @property
+    def numel(self) -> int:
+        """Parameters (and persistent buffers) counted once: a tied lm_head is not counted again."""
+        return sum(t.numel for t in self.tensors if t.tied_to is None)
+
+    def by_name(self) -> dict[str, TensorSpec]:
+        return {t.name: t for t in self.tensors}
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {t.name: t.shape for t in self.tensors}
+
+    def megatron_view(self) -> list[TensorSpec]:
+        """The same model as Megatron-core holds it: q/k/v fused into ``linear_qkv`` (split by query groups), gate and
+        up fused into ``linear_fc1``; other tensors renamed one to one. Experts stay grouped per layer."""
+        return _megatron_view(self)
+
+
+def build_spec(model: ModelArch | str | Path, method: str = "auto") -> ModelSpec:
+    """The tensor spec of ``model`` (a ModelArch, or anything ``load_arch`` accepts).
+
+    ``method``: ``analytic`` (fast, families llama/mistral/qwen2/qwen3/qwen3_moe/deepseek_v3), ``meta`` (builds the HF
+    model on the meta device with transformers; any local HF model), or ``auto`` (analytic when the family is known).
+    """
+    arch = model if isinstance(model, ModelArch) else load_arch(model)
+    if method == "auto":
+        method = "analytic" if arch.model_type in _FAST_FAMILIES else "meta"
+    if method == "analytic":
+        if arch.model_type not in _FAST_FAMILIES:
+            raise ModelSpecError(
+                f"model {arch.name!r}: no analytic spec for model_type {arch.model_type!r};"
+                f" analytic families: {list(_FAST_FAMILIES)}; use method='meta'"
+            )
+        names_shapes = _analytic_names_shapes(arch)
+    elif method == "meta":
+        names_shapes = _meta_names_shapes(arch)
+    else:
+        raise ModelSpecError(f"unknown spec method {method!r}; choose analytic, meta or auto")
+    tensors = tuple(_tag(arch, name, shape) for name, shape in names_shapes)
+    return ModelSpec(arch=arch, tensors=tensors, method=method)
+
+
+def _meta_names_shapes(arch: ModelArch) -> list[tuple[str, tuple[int, ...]]]:
+    """State-dict names and shapes of the HF model built on the meta device (no weights, no download)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = dict(arch.config)
+    config.pop("quantization_config", None)
+    hf_config = AutoConfig.for_model(**config)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config)
+    out = [(name, tuple(tensor.shape)) for name, tensor in model.state_dict(keep_vars=True).items()]
+    if arch.tie_word_embeddings and not any(name == "lm_head.weight" for name, _ in out):
+        out.append(("lm_head.weight", (arch.vocab_size, arch.hidden_size)))
+    return out
+
+
+def _analytic_names_shapes(arch: ModelArch) -> list[tuple[str, tuple[int, ...]]]:
+    """The same list as ``_meta_names_shapes`` for the known families, from the numbers alone."""
+    hidden, heads, kv, head_dim = arch.hidden_size, arch.num_attention_heads, arch.num_key_value_heads, arch.head_dim
+    out: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (arch.vocab_size, hidden))]
+    for layer in range(arch.num_hidden_layers):
+        prefix = f"model.layers.{layer}."
+        attn = prefix + "self_attn."
+        if arch.is_mla:
+            q_dim = heads * (arch.qk_nope_head_dim + arch.qk_rope_head_dim)
+            if arch.q_lora_rank:
+                out += [
+                    (attn + "q_a_proj.weight", (arch.q_lora_rank, hidden)),
+                    (attn + "q_a_layernorm.weight", (arch.q_lora_rank,)),
+                    (attn + "q_b_proj.weight", (q_dim, arch.q_lora_rank)),
+                ]
+            else:
+                out.append((attn + "q_proj.weight", (q_dim, hidden)))
+            out += [
+                (attn + "kv_a_proj_with_mqa.weight", (arch.kv_lora_rank + arch.qk_rope_head_dim, hidden)),
+                (attn + "kv_a_layernorm.weight", (arch.kv_lora_rank,)),
+                (attn + "kv_b_proj.weight", (heads * (arch.qk_nope_head_dim + arch.v_head_dim), arch.kv_lora_rank)),
+                (attn + "o_proj.weight", (hidden, heads * arch.v_head_dim)),
+            ]
+            if arch.o_bias:
+                out.append((attn + "o_proj.bias", (hidden,)))
+        else:
+            for proj, rows in (("q_proj", heads * head_dim), ("k_proj", kv * head_dim), ("v_proj", kv * head_dim)):
+                out.append((attn + proj + ".weight", (rows, hidden)))
+                if arch.qkv_bias:
+                    out.append((attn + proj + ".bias", (rows,)))
+            out.append((attn + "o_proj.weight", (hidden, heads * head_dim)))
+            if arch.o_bias:
+                out.append((attn + "o_proj.bias", (hidden,)))
+            if arch.qk_norm:
+                out += [(attn + "q_norm.weight", (head_dim,)), (attn + "k_norm.weight", (head_dim,))]
+        mlp = prefix + "mlp."
+        if arch.is_moe_layer(layer):
+            experts, inter = arch.num_experts, arch.moe_intermediate_size
+            out += [
+                (mlp + "experts.gate_up_proj", (experts, 2 * inter, hidden)),
+                (mlp + "experts.down_proj", (experts, hidden, inter)),
+                (mlp + "gate.weight", (experts, hidden)),
+            ]
+            if arch.model_type == "deepseek_v3":
+                out.append((mlp + "gate.e_score_correction_bias", (experts,)))
+            if arch.num_shared_experts:
+                out += _dense_mlp(mlp + "shared_experts.", hidden, arch.shared_expert_intermediate_size, False)
+        else:
+            out += _dense_mlp(mlp, hidden, arch.intermediate_size, arch.mlp_bias)
+        out += [(prefix + "input_layernorm.weight", (hidden,)), (prefix + "post_attention_layernorm.weight", (hidden,))]
+    out += [("model.norm.weight", (hidden,)), ("lm_head.weight", (arch.vocab_size, hidden))]
+    return out
+
+
+def _dense_mlp(prefix: str, hidden: int, inter: int, bias: bool) -> list[tuple[str, tuple[int, ...]]]:
+    out = []
+    for proj, shape in (("gate_proj", (inter, hidden)), ("up_proj", (inter, hidden)), ("down_proj", (hidden, inter))):
+        out.append((prefix + proj + ".weight", shape))
+        if bias:
+            out.append((prefix + proj + ".bias", shape[:1]))
+    return out
+
+
+def _layer_of(name: str) -> int | None:
+    marker = ".layers."
+    if marker not in name:
+        return None
+    return int(name.split(marker, 1)[1].split(".", 1)[0])
+
+
+def _tag(arch: ModelArch, name: str, shape: tuple[int, ...]) -> TensorSpec:
+    """Attach the TP/EP partition to one HF tensor, from its name (the rules vLLM and Megatron-core follow)."""
+    layer = _layer_of(name)
+    leaf = name.rsplit(".", 1)[-1]
+    module = name.rsplit(".", 2)[-2] if name.count(".") >= 1 else ""
+    is_bias = leaf == "bias"
+    heads, kv = arch.num_attention_heads, arch.num_key_value_heads
+    common = {"name": name, "shape": shape, "layer": layer, "megatron_name": _megatron_name(arch, name)}
+
+    def split(partition: str, dim: int, parts: tuple[tuple[int, int], ...], **extra) -> TensorSpec:
+        return TensorSpec(partition=partition, tp_dim=dim, tp_parts=parts, **common, **extra)
+
+    def replicated() -> TensorSpec:
+        return TensorSpec(partition="replicated", **common)
+
+    if name in ("model.embed_tokens.weight", "lm_head.weight"):
+        tied = "model.embed_tokens.weight" if name == "lm_head.weight" and arch.tie_word_embeddings else None
+        return split("vocab", 0, ((shape[0], 1),), tied_to=tied)
+    if len(shape) == 1 and ("norm" in module or "layernorm" in module):
+        return replicated()
+    if ".experts." in name and len(shape) == 3:
+        experts, inter = shape[0], shape[2] if leaf == "down_proj" else shape[1] // 2
+        if leaf == "gate_up_proj":
+            return split("expert", 1, ((inter, 1), (inter, 1)), ep_dim=0, expert_tp="fused_gate_up")
+        if leaf == "down_proj":
+            return split("expert", 2, ((inter, 1),), ep_dim=0, expert_tp="row")
+    if module in ("q_proj", "q_b_proj"):
+        return split("column", 0, ((heads, shape[0] // heads),))
+    if module in ("k_proj", "v_proj"):
+        return split("column", 0, ((kv, shape[0] // kv),), gqa_kv=kv < heads)
+    if module == "kv_b_proj":
+        return split("column", 0, ((heads, shape[0] // heads),))
+    if module == "o_proj":
+        return replicated() if is_bias else split("row", 1, ((heads, shape[1] // heads),))
+    if module in ("gate_proj", "up_proj"):
+        return split("column", 0, ((shape[0], 1),))
+    if module == "down_proj":
+        return replicated() if is_bias else split("row", 1, ((shape[1], 1),))
+    # routers (mlp.gate, shared_expert_gate), their biases, MLA down-projections, anything unknown
+    return replicated()
+
+
+def _megatron_name(arch: ModelArch, name: str) -> str:
+    """Megatron-core (TransformerEngine layer specs) name of the tensor an HF tensor becomes."""
+    if name == "model.embed_tokens.weight":
+        return "embedding.word_embeddings.weight"
+    if name == "lm_head.weight":
+        return "output_layer.weight"
+    if name == "model.norm.weight":
+        return "decoder.final_layernorm.weight"
+    layer = _layer_of(name)
+    if layer is None:
+        return name
+    rest = name.split(f".layers.{layer}.", 1)[1]
+    prefix = f"decoder.layers.{layer}."
+    moe = arch.is_moe_layer(layer)
+    table = {
+        "input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight"
+        if not arch.is_mla
+        else "input_layernorm.weight",
+        "post_attention_layernorm.weight": "pre_mlp_layernorm.weight" if moe else "mlp.linear_fc1.layer_norm_weight",
+        "self_attn.q_proj.weight": "self_attention.linear_qkv.weight",
+        "self_attn.k_proj.weight": "self_attention.linear_qkv.weight",
+        "self_attn.v_proj.weight": "self_attention.linear_qkv.weight",
+        "self_attn.q_proj.bias": "self_attention.linear_qkv.bias",
+        "self_attn.k_proj.bias": "self_attention.linear_qkv.bias",
+        "self_attn.v_proj.bias": "self_attention.linear_qkv.bias",
+        "self_attn.o_proj.weight": "self_attention.linear_proj.weight",
+        "self_attn.o_proj.bias": "self_attention.linear_proj.bias",
+        "self_attn.q_norm.weight": "self_attention.q_layernorm.weight",
+        "self_attn.k_norm.weight": "self_attention.k_layernorm.weight",
+        "self_attn.q_a_proj.weight": "self_attention.linear_q_down_proj.weight",
+        "self_attn.q_a_layernorm.weight": "self_attention.linear_q_up_proj.layer_norm_weight",
+        "self_attn.q_b_proj.weight": "self_attention.linear_q_up_proj.weight",
+        "self_attn.kv_a_proj_with_mqa.weight": "self_attention.linear_kv_down_proj.weight",
+        "self_attn.kv_a_layernorm.weight": "self_attention.linear_kv_up_proj.layer_norm_weight",
+        "self_attn.kv_b_proj.weight": "self_attention.linear_kv_up_proj.weight",
+        "mlp.gate_proj.weight": "mlp.linear_fc1.weight",
+        "mlp.up_proj.weight": "mlp.linear_fc1.weight",
+        "mlp.down_proj.weight": "mlp.linear_fc2.weight",
+        "mlp.gate.weight": "mlp.router.weight",
+        "mlp.gate.e_score_correction_bias": "mlp.router.expert_bias",
+        "mlp.experts.gate_up_proj": "mlp.experts.linear_fc1.weight*",
+        "mlp.experts.down_proj": "mlp.experts.linear_fc2.weight*",
+        "mlp.shared_experts.gate_proj.weight": "mlp.shared_experts.linear_fc1.weight",
+        "mlp.shared_experts.up_proj.weight": "mlp.shared_experts.linear_fc1.weight",
+        "mlp.shared_experts.down_proj.weight": "mlp.shared_experts.linear_fc2.weight",
+    }
+    return prefix + table.get(rest, rest)
+
+
+def _megatron_view(spec: ModelSpec) -> list[TensorSpec]:
+    arch = spec.arch
+    groups: dict[str, list[TensorSpec]] = {}
+    for tensor in spec.tensors:
+        if tensor.tied_to is not None:
+            continue  # Megatron shares the embedding with the output layer (share_embeddings_and_output_weights)
+        groups.setdefault(tensor.megatron_name, []).append(tensor)
+    out = []
+    for name, members in groups.items():
+        if len(members) == 1:
+            out.append(replace_tensor(members[0], name=name))
+            continue
+        first = members[0]
+        rows = sum(m.shape[0] for m in members)
+        shape = (rows, *first.shape[1:])
+        if "linear_qkv" in name:
+            groups_kv = arch.num_key_value_heads
+            per_group = rows // groups_kv  # (heads/kv + 2) * head_dim rows per query group
+            out.append(
+                TensorSpec(
+                    name=name,
+                    shape=shape,
+                    partition="fused_qkv",
+                    tp_dim=0,
+                    tp_parts=((groups_kv, per_group),),
+                    layer=first.layer,
+                    megatron_name=name,
+                )
+            )
+        else:  # linear_fc1 = [gate; up]
+            parts = tuple(part for m in members for part in m.tp_parts)
+            out.append(
+                TensorSpec(
+                    name=name,
+                    shape=shape,
+                    partition="fused_gate_up",
+                    tp_dim=0,
+                    tp_parts=parts,
+                    layer=first.layer,
+                    megatron_name=name,
+                )
+            )
+    return out
+
+
+def replace_tensor(tensor: TensorSpec, **changes) -> TensorSpec:
+    return replace(tensor, **changes)
