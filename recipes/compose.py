@@ -1,0 +1,77 @@
+"""Compose a recipe's config the way `python -m recipes.<name>` does, and turn Hydra's errors into one line each."""
+
+from __future__ import annotations
+
+import difflib
+import re
+
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from omegaconf import DictConfig, OmegaConf
+
+from recipes.confdir import conf_dir, group_options, pack_groups
+from recipes.errors import ConfigError
+from recipes.resolvers import register_resolvers
+
+RECIPES = ("grpo", "kl_ppo")
+
+
+def compose_recipe(recipe: str, overrides: list[str] | None = None) -> DictConfig:
+    """The composed (unresolved) config of `recipe` with command-line style `overrides`; ConfigError if it fails."""
+    if recipe not in RECIPES:
+        raise ConfigError(f"recipe: unknown recipe {recipe!r}; choose from {', '.join(RECIPES)}")
+    register_resolvers()
+    overrides = list(overrides or [])
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None, job_name=recipe):
+            return compose(config_name=recipe, overrides=overrides)
+    except HydraException as error:
+        raise ConfigError(explain_hydra_error(error, overrides, recipe)) from None
+
+
+def explain_hydra_error(error: Exception, overrides: list[str], recipe: str = "grpo") -> str:
+    """One line that names the key and what to do, for Hydra's composition errors."""
+    text = str(error)
+    if isinstance(error, MissingConfigException):
+        match = re.search(r"Could not find '([^/']+)/([^']+)'", text)
+        if match:
+            group, option = match.groups()
+            if group in pack_groups():
+                return f"{group}={option}: no such option; choose from {', '.join(group_options(group))}"
+            return f"{group}={option}: no such option in verl's config group {group!r}"
+        match = re.search(r"Could not load '([^']+)'", text)
+        if match:
+            return f"{match.group(1)}: no such config"
+    if isinstance(error, OverrideParseException):
+        return f"command line: cannot parse override: {text.splitlines()[0]}"
+    match = re.search(r"Could not override '([^']+)'", text) or re.search(r"Could not append to config\. An item is already at '([^']+)'", text)
+    if match:
+        key = match.group(1)
+        if "." not in key and key in pack_groups():
+            return f"{key}: needs an option, e.g. {key}={group_options(key)[0]}; choose from {', '.join(group_options(key))}"
+        return f"{key}: no such key{_suggest(key, overrides, recipe)}; to add a new key write +{key}=VALUE"
+    match = re.search(r"Key '([^']+)' is not in struct", text)
+    if match:
+        return f"{match.group(1)}: no such key{_suggest(match.group(1), overrides, recipe)}"
+    first = next((line for line in text.splitlines() if line.strip()), text)
+    return f"config: {first}"
+
+
+def _suggest(key: str, overrides: list[str], recipe: str) -> str:
+    """' (did you mean a.b.c?)' from the keys beside the misspelt one in the composed config, when one is close."""
+    parent, _, leaf = key.rpartition(".")
+    try:
+        remaining = [o for o in overrides if not o.split("=", 1)[0].lstrip("+~") == key]
+        recipe_cfg = _compose_quietly(recipe, remaining)
+    except Exception:  # noqa: BLE001 - a suggestion is optional
+        return ""
+    node = OmegaConf.select(recipe_cfg, parent) if parent else recipe_cfg
+    if not isinstance(node, DictConfig):
+        return ""
+    close = difflib.get_close_matches(leaf, [str(k) for k in node.keys()], n=1, cutoff=0.6)
+    return f" (did you mean {parent + '.' if parent else ''}{close[0]}?)" if close else ""
+
+
+def _compose_quietly(recipe: str, overrides: list[str]) -> DictConfig:
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        return compose(config_name=recipe, overrides=overrides)

@@ -1,0 +1,131 @@
+"""The launch flow shared by the recipes: compose -> validate -> (plan) -> train with verl's own trainer.
+
+`python -m recipes.<name> [overrides]` calls `run_recipe(name)`: on a machine without GPUs and without a layout
+choice it adds the embedded CPU defaults, composes once to turn Hydra's errors into one line each, then hands over
+to `@hydra.main` (so `-m` multirun, `--cfg job` and tab completion behave as in any Hydra app).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from recipes.confdir import conf_dir
+from recipes.errors import ConfigError, exit_with
+from recipes.resolvers import register_resolvers
+
+ACTIONS = ("validate", "plan", "train")
+
+# Groups that make the embedded CPU default; each is added only when the user did not choose it.
+EMBEDDED_DEFAULTS = {"parallel": "cpu", "cluster": "cpu", "rollout": "hf", "model": "tiny", "task": "tiny"}
+# Choosing any of these means "I describe a GPU cluster": then nothing is added.
+_GPU_INTENT = ("parallel", "cluster", "experiment")
+
+_SECRET = re.compile(r"(key|token|secret|password|passwd|credential)", re.IGNORECASE)
+
+
+def _override_key(arg: str) -> str | None:
+    if arg.startswith("-") or "=" not in arg:
+        return None
+    return arg.split("=", 1)[0].lstrip("+~")
+
+
+def has_accelerator() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def embedded_defaults(argv: list[str], accelerator: bool) -> list[str]:
+    """The overrides to add for the embedded CPU default: none on a GPU machine or when a layout was chosen."""
+    chosen = {_override_key(a) for a in argv} - {None}
+    if accelerator or chosen & set(_GPU_INTENT):
+        return []
+    return [f"{group}={option}" for group, option in EMBEDDED_DEFAULTS.items() if group not in chosen]
+
+
+def _hydra_flags(argv: list[str]) -> bool:
+    return any(a.startswith("-") for a in argv)
+
+
+def run_recipe(recipe: str, argv: list[str] | None = None) -> None:
+    """Entry point of `python -m recipes.<recipe>`."""
+    register_resolvers()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    added = embedded_defaults(argv, has_accelerator())
+    if added:
+        print(f"no GPU found: embedded CPU defaults {' '.join(added)} (choose parallel=/cluster= to plan for GPUs)")
+    argv = added + argv
+    if not _hydra_flags(argv):
+        from recipes.compose import compose_recipe
+
+        try:
+            compose_recipe(recipe, [a for a in argv if not a.startswith("hydra.")])
+        except ConfigError as error:
+            exit_with(error)
+    sys.argv = [f"recipes.{recipe}"] + argv
+    main = hydra.main(config_path=str(conf_dir()), config_name=recipe, version_base=None)(execute)
+    main()
+
+
+def execute(cfg: DictConfig) -> None:
+    """One Hydra job: validate, then the chosen action. Config problems exit 2 with one line each."""
+    try:
+        action = OmegaConf.select(cfg, "action")
+        if action not in ACTIONS:
+            raise ConfigError(f"action: unknown action {action!r}; choose from {', '.join(ACTIONS)}")
+        from recipes.validate import validate
+
+        checked = validate(cfg)
+        for warning in checked.warnings:
+            print(f"warning: {warning}")
+        run_dir = Path(checked.cfg.run.dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(checked.cfg, run_dir / "resolved_config.yaml")
+        if action == "validate":
+            print(f"config OK: {describe(checked)}")
+            print(f"resolved verl config written to {run_dir / 'resolved_config.yaml'}")
+            return
+        if action == "plan":
+            from recipes.plan import run_plan
+
+            code = run_plan(checked)
+            if code:
+                sys.exit(code)
+            return
+        from recipes.train import run_training
+
+        run_training(checked)
+    except ConfigError as error:
+        exit_with(error)
+
+
+def describe(checked) -> str:
+    t, i = checked.train, checked.infer
+    cfg = checked.cfg
+    return (
+        f"{cfg.strategy.name} train dp{t.dp} tp{t.tp} pp{t.pp} cp{t.cp} ep{t.ep} -> {cfg.rollout.name} "
+        f"infer tp{i.tp} pp{i.pp} x{i.dp} replicas on {cfg.cluster.nnodes}x{cfg.cluster.gpus_per_node} "
+        f"{cfg.cluster.gpu.name}, model {cfg.model.name}"
+    )
+
+
+def redact(node):
+    """A copy of a plain container with the values of secret-looking keys replaced."""
+    if isinstance(node, dict):
+        return {k: ("***" if _SECRET.search(str(k)) and v not in (None, "") and not isinstance(v, (dict, list, bool))
+                    else redact(v)) for k, v in node.items()}
+    if isinstance(node, list):
+        return [redact(v) for v in node]
+    return node
+
+
+def save_config(cfg: DictConfig, path: Path) -> None:
+    container = redact(OmegaConf.to_container(cfg, resolve=True))
+    path.write_text(OmegaConf.to_yaml(OmegaConf.create(container)))
+    os.chmod(path, 0o644)

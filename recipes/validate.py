@@ -1,0 +1,301 @@
+"""Validation in the driver, before Ray starts: the pack's checks first, then verl's own validator.
+
+Every problem names its full key and shows the arithmetic; all problems are collected and raised together as one
+ConfigError (the entry point prints them and exits 2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import warnings as _warnings
+from dataclasses import dataclass
+
+from omegaconf import DictConfig, OmegaConf
+
+from hybrid_engine.layout import InferLayout, TrainLayout, collect_layout_errors
+from hybrid_engine.model_spec import ModelArch, load_arch
+from recipes.errors import ConfigError
+
+FSDP_STRATEGIES = ("fsdp", "fsdp2")
+
+
+@dataclass
+class Checked:
+    """What validation established, for the planner and the launcher."""
+
+    cfg: DictConfig
+    train: TrainLayout
+    infer: InferLayout
+    arch: ModelArch | None
+    warnings: list[str]
+
+
+def _get(cfg: DictConfig, key: str, problems: list[str]):
+    try:
+        return OmegaConf.select(cfg, key, throw_on_missing=True)
+    except Exception as error:  # noqa: BLE001 - interpolation/resolver errors become one problem line
+        problems.append(f"{key}: cannot resolve: {error}".splitlines()[0])
+        return None
+
+
+def _world(cfg: DictConfig, problems: list[str]) -> tuple[int | None, str]:
+    nnodes = _get(cfg, "cluster.nnodes", problems)
+    per_node = _get(cfg, "cluster.gpus_per_node", problems)
+    for key, value in (("cluster.nnodes", nnodes), ("cluster.gpus_per_node", per_node)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            problems.append(f"{key}: must be a positive integer, got {value!r}")
+            return None, ""
+    return nnodes * per_node, f"cluster.nnodes {nnodes} * cluster.gpus_per_node {per_node}"
+
+
+def _layout_dict(cfg: DictConfig, key: str, problems: list[str]) -> dict:
+    node = _get(cfg, key, problems)
+    if node is None:
+        return {}
+    out = {}
+    for axis in node.keys():
+        out[str(axis)] = _get(cfg, f"{key}.{axis}", problems)
+    return out
+
+
+def load_model_arch(cfg: DictConfig, problems: list[str]) -> ModelArch | None:
+    """The policy's architecture: a local HF folder at actor_rollout_ref.model.path, else the shipped model.name."""
+    from pathlib import Path
+
+    name = OmegaConf.select(cfg, "model.name", default=None)
+    path = OmegaConf.select(cfg, "actor_rollout_ref.model.path", default=None)
+    candidates = []
+    if path and Path(str(path)).expanduser().joinpath("config.json").is_file():
+        candidates.append(str(Path(str(path)).expanduser()))
+    if name:
+        candidates.append(str(name))
+    for candidate in candidates:
+        try:
+            return load_arch(candidate)
+        except Exception as error:  # noqa: BLE001
+            last = error
+    if candidates:
+        problems.append(f"model.name: cannot read the architecture of {candidates[-1]!r}: {last}".splitlines()[0])
+    else:
+        problems.append("model.name: not set and actor_rollout_ref.model.path has no config.json; choose model=<name>")
+    return None
+
+
+def _check_strategy(cfg, train: dict, problems: list[str]) -> None:
+    strategy = OmegaConf.select(cfg, "strategy.name")
+    if strategy in FSDP_STRATEGIES:
+        for axis in ("tp", "pp"):
+            value = train.get(axis)
+            if isinstance(value, int) and value > 1:
+                problems.append(
+                    f"layout.train.{axis}: {axis}({value}) > 1 needs strategy=megatron; verl's {strategy} engine "
+                    f"shards over data parallel only (pick parallel=tp1/tp2/tp4/tp8 to generate with TP under FSDP)"
+                )
+        ep = train.get("ep")
+        if isinstance(ep, int) and ep > 1:
+            problems.append(f"layout.train.ep: ep({ep}) > 1 needs strategy=megatron under verl 0.9.1")
+
+
+def _actor_dp(train: TrainLayout) -> int:
+    """Ranks that each hold a different slice of the batch: dp (Ulysses/context-parallel ranks share sequences)."""
+    return train.dp
+
+
+def _check_batches(cfg, train: TrainLayout, use_critic: bool, problems: list[str]) -> None:
+    g = lambda key: _get(cfg, key, problems)  # noqa: E731
+    batch, n = g("data.train_batch_size"), g("actor_rollout_ref.rollout.n")
+    mini = g("actor_rollout_ref.actor.ppo_mini_batch_size")
+    dp = _actor_dp(train)
+    if not all(isinstance(v, int) and v > 0 for v in (batch, n, mini)):
+        for key, v in (("data.train_batch_size", batch), ("actor_rollout_ref.rollout.n", n),
+                       ("actor_rollout_ref.actor.ppo_mini_batch_size", mini)):
+            if not (isinstance(v, int) and v > 0):
+                problems.append(f"{key}: must be a positive integer, got {v!r}")
+        return
+    if batch < mini or batch % mini:
+        problems.append(
+            f"actor_rollout_ref.actor.ppo_mini_batch_size: data.train_batch_size({batch}) must be a multiple of "
+            f"ppo_mini_batch_size({mini}): {batch} % {mini} = {batch % mini}"
+        )
+    if (batch * n) % dp:
+        problems.append(
+            f"data.train_batch_size: train_batch_size({batch}) * rollout.n({n}) = {batch * n} sequences do not split "
+            f"over dp({dp}) ranks: {batch * n} % {dp} = {(batch * n) % dp}"
+        )
+    if (mini * n) % dp:
+        problems.append(
+            f"actor_rollout_ref.actor.ppo_mini_batch_size: ppo_mini_batch_size({mini}) * rollout.n({n}) = {mini * n} "
+            f"does not split over dp({dp}): {mini * n} % {dp} = {(mini * n) % dp}"
+        )
+    sections = [("actor_rollout_ref.actor", "ppo_micro_batch_size_per_gpu", "use_dynamic_bsz")]
+    if use_critic:
+        sections.append(("critic", "ppo_micro_batch_size_per_gpu", "use_dynamic_bsz"))
+    for section, micro_key, dyn_key in sections:
+        if g(f"{section}.{dyn_key}"):
+            continue
+        micro = g(f"{section}.{micro_key}")
+        if not (isinstance(micro, int) and micro > 0):
+            problems.append(f"{section}.{micro_key}: must be a positive integer with fixed batching, got {micro!r}")
+            continue
+        section_mini = mini if section != "critic" else (g("critic.ppo_mini_batch_size") or mini)
+        per_gpu = section_mini * n // dp if (section_mini * n) % dp == 0 else None
+        if per_gpu is not None and per_gpu % micro:
+            problems.append(
+                f"{section}.{micro_key}: the mini-batch per GPU, ppo_mini_batch_size({section_mini}) * rollout.n({n}) "
+                f"/ dp({dp}) = {per_gpu}, is not a multiple of {micro_key}({micro}): {per_gpu} % {micro} = "
+                f"{per_gpu % micro}"
+            )
+
+
+def _check_token_budgets(cfg, train: TrainLayout, use_critic: bool, use_ref: bool, problems, warnings) -> None:
+    g = lambda key: _get(cfg, key, problems)  # noqa: E731
+    prompt, response = g("data.max_prompt_length"), g("data.max_response_length")
+    if not (isinstance(prompt, int) and isinstance(response, int)):
+        return
+    seq = prompt + response
+    cp = train.cp
+    budgets = []
+    if g("actor_rollout_ref.actor.use_dynamic_bsz"):
+        budgets.append("actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
+    if g("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz"):
+        budgets.append("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu")
+    if use_ref and g("actor_rollout_ref.ref.log_prob_use_dynamic_bsz"):
+        budgets.append("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu")
+    if use_critic and g("critic.use_dynamic_bsz"):
+        budgets += ["critic.ppo_max_token_len_per_gpu", "critic.forward_max_token_len_per_gpu"]
+    for key in budgets:
+        budget = g(key)
+        if not isinstance(budget, int):
+            problems.append(f"{key}: must be an integer token count, got {budget!r}")
+            continue
+        if budget * cp < seq:
+            problems.append(
+                f"{key}: {budget} tokens * cp({cp}) = {budget * cp} < one sequence, data.max_prompt_length({prompt}) "
+                f"+ data.max_response_length({response}) = {seq}"
+            )
+        elif budget * cp < 2 * seq:
+            warnings.append(
+                f"{key}: {budget} * cp({cp}) = {budget * cp} tokens is below 2x prompt+response ({2 * seq}); "
+                f"the seed recommends 2 to 3x for balanced micro-batches"
+            )
+
+
+def _check_model(arch: ModelArch, train: TrainLayout, infer: InferLayout, strategy: str, problems, warnings) -> None:
+    name = arch.name
+    heads, kv = arch.num_attention_heads, arch.num_key_value_heads
+    if strategy == "megatron":
+        if heads % train.tp:
+            problems.append(f"layout.train.tp: {name} has {heads} attention heads, not divisible by tp({train.tp}): "
+                            f"{heads} % {train.tp} = {heads % train.tp}")
+        if kv % train.tp and train.tp % kv:
+            problems.append(f"layout.train.tp: {name} has {kv} kv heads; tp({train.tp}) must divide them or be a "
+                            f"multiple of them")
+        elif train.tp > kv:
+            warnings.append(f"layout.train.tp: tp({train.tp}) > {name}'s {kv} kv heads: kv heads are replicated "
+                            f"{train.tp // kv}x")
+        if arch.num_hidden_layers % train.pp:
+            problems.append(f"layout.train.pp: {name} has {arch.num_hidden_layers} layers, not divisible by "
+                            f"pp({train.pp}): {arch.num_hidden_layers} % {train.pp} = "
+                            f"{arch.num_hidden_layers % train.pp}")
+    if heads % infer.tp:
+        problems.append(f"layout.infer.tp: {name} has {heads} attention heads, not divisible by tp({infer.tp}): "
+                        f"{heads} % {infer.tp} = {heads % infer.tp}")
+    if kv % infer.tp and infer.tp % kv:
+        problems.append(f"layout.infer.tp: {name} has {kv} kv heads; tp({infer.tp}) must divide them or be a "
+                        f"multiple of them")
+    elif infer.tp > kv:
+        warnings.append(f"layout.infer.tp: tp({infer.tp}) > {name}'s {kv} kv heads: each kv head is replicated "
+                        f"{infer.tp // kv}x in generation")
+    if arch.num_hidden_layers % infer.pp:
+        problems.append(f"layout.infer.pp: {name} has {arch.num_hidden_layers} layers, not divisible by "
+                        f"pp({infer.pp})")
+    experts = getattr(arch, "num_experts", 0) or 0
+    for layout, key in ((train, "layout.train.ep"), (infer, "layout.infer.ep")):
+        if layout.ep > 1 and not experts:
+            problems.append(f"{key}: ep({layout.ep}) > 1 but {name} is a dense model (no experts)")
+        elif experts and experts % layout.ep:
+            problems.append(f"{key}: {name} has {experts} experts, not divisible by ep({layout.ep}): "
+                            f"{experts} % {layout.ep} = {experts % layout.ep}")
+
+
+def _offline_stand_in(cfg: DictConfig, arch: ModelArch | None) -> DictConfig:
+    """A copy for verl's checks that reads the architecture from the shipped config.json instead of the hub.
+
+    verl's HFModelConfig loads config and tokenizer from `path` while validating; when `path` is a hub id (weights
+    not here yet) the check uses the pack's copy of the config and skips the tokenizer, so it runs offline.
+    """
+    from pathlib import Path
+
+    from hybrid_engine.model_spec import MODEL_CONFIG_DIR
+
+    stand_in = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    shipped = MODEL_CONFIG_DIR / str(arch.name) if arch is not None else None
+    if shipped is None or not (shipped / "config.json").is_file():
+        return stand_in
+    for section in ("actor_rollout_ref.model", "critic.model"):
+        node = OmegaConf.select(stand_in, section)
+        if node is None or Path(str(node.path)).expanduser().is_dir():
+            continue
+        node.hf_config_path = str(shipped)
+        node.load_tokenizer = False
+    return stand_in
+
+
+def _verl_checks(cfg: DictConfig, problems: list[str]) -> None:
+    """verl 0.9.1's own validate_config and dataclass conversion, on the resolved config; its output is captured."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), _warnings.catch_warnings():
+            _warnings.simplefilter("ignore")
+            validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+            omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
+            omega_conf_to_dataclass(cfg.algorithm)
+    except Exception as error:  # noqa: BLE001 - verl raises AssertionError/ValueError/TypeError with its own text
+        text = " ".join(str(error).split()) or type(error).__name__
+        problems.append(f"verl validate_config: {text}")
+
+
+def validate(cfg: DictConfig, *, run_verl: bool = True) -> Checked:
+    """Check everything; raise ConfigError with every problem, or return what was established."""
+    problems: list[str] = []
+    warnings: list[str] = []
+    world, world_desc = _world(cfg, problems)
+    train_d = _layout_dict(cfg, "layout.train", problems)
+    infer_d = _layout_dict(cfg, "layout.infer", problems)
+    _check_strategy(cfg, train_d, problems)
+    train = infer = None
+    if world is not None:
+        train, infer, layout_problems = collect_layout_errors(train_d, infer_d, world, world_desc)
+        problems += layout_problems
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+
+    with _warnings.catch_warnings():
+        _warnings.simplefilter("ignore")
+        use_critic = bool(_safe(lambda: need_critic(cfg), False))
+        use_ref = bool(_safe(lambda: need_reference_policy(cfg), False))
+    arch = load_model_arch(cfg, problems)
+    if train is not None:
+        _check_batches(cfg, train, use_critic, problems)
+        _check_token_budgets(cfg, train, use_critic, use_ref, problems, warnings)
+        if arch is not None and infer is not None:
+            _check_model(arch, train, infer, OmegaConf.select(cfg, "strategy.name"), problems, warnings)
+    if problems:
+        raise ConfigError(problems)
+    resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    if run_verl:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        _verl_checks(_offline_stand_in(resolved, arch), problems)
+        if problems:
+            raise ConfigError(problems)
+    return Checked(cfg=resolved, train=train, infer=infer, arch=arch, warnings=warnings)
+
+
+def _safe(fn, default):
+    try:
+        return fn()
+    except Exception:  # noqa: BLE001
+        return default
