@@ -219,7 +219,7 @@ class HybridGroups:
             generation_shard=shard,
         )
 
-    # -- groups of one rank (members in group-rank order) ----------------------------------------------------------------
+    # -- groups of one rank (members in group-rank order) --------------------------------------------------------------
     def micro_dp_group(self, rank: int) -> list[int]:
         """Members ordered by micro-DP rank mu = (stage % k_p) * k_t + (tp % k_t)."""
         data, stage, tp, _ = self.train_coords(rank)

@@ -498,7 +498,7 @@ def _tag(arch: ModelArch, name: str, shape: tuple[int, ...]) -> TensorSpec:
     if len(shape) == 1 and ("norm" in module or "layernorm" in module):
         return replicated()
     if ".experts." in name and len(shape) == 3:
-        experts, inter = shape[0], shape[2] if leaf == "down_proj" else shape[1] // 2
+        inter = shape[2] if leaf == "down_proj" else shape[1] // 2
         if leaf == "gate_up_proj":
             return split("expert", 1, ((inter, 1), (inter, 1)), ep_dim=0, expert_tp="fused_gate_up")
         if leaf == "down_proj":
