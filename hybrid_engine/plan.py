@@ -223,7 +223,7 @@ class Plan:
         for stage in range(rows):
             for low in range(min(g.k_t, cols)):
                 xs = [tau * g.k_t + low + 0.47 for tau in range(g.t_g) if tau * g.k_t + low < cols]
-                y = rows - 1 - stage + 0.05 + 0.8 * (low + 1) / (g.k_t + 1)
+                y = rows - 1 - stage + 0.06 + 0.1 * low
                 if len(xs) > 1:
                     ax.plot(xs, [y] * len(xs), color="black", linewidth=0.8, alpha=0.6)
         ax.set_xlim(-0.2, cols + 0.2)
