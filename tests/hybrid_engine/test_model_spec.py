@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from hybrid_engine.model_spec import ModelSpecError, hub_id, load_arch, shipped_models
+from hybrid_engine.model_spec import ModelSpecError, arch_from_config, build_spec, hub_id, load_arch, shipped_models
 
 SHIPPED = [
     "deepseek_v3",
@@ -103,3 +103,125 @@ def test_folder_and_file(tmp_path):
     arch = load_arch(tmp_path)
     assert arch.head_dim == 8 and arch.num_key_value_heads == 4 and arch.name == tmp_path.name
     assert load_arch(tmp_path / "config.json").hidden_size == 32
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# tensor specs
+# ---------------------------------------------------------------------------------------------------------------------
+
+PARAMS = {
+    "qwen2_7b": 7_615_616_512,
+    "qwen2_5_7b": 7_615_616_512,
+    "qwen2_5_0_5b": 494_032_768,
+    "llama3_1_8b": 8_030_261_248,
+    "llama3_1_70b": 70_553_706_496,
+    "qwen2_5_32b": 32_763_876_352,
+    "qwen3_30b_a3b": 30_532_122_624,
+}
+
+
+@pytest.mark.parametrize("name", sorted(PARAMS))
+def test_parameter_counts(name):
+    assert build_spec(name).numel == PARAMS[name]
+
+
+def test_deepseek_v3_parameter_count():
+    # 671B without the multi-token-prediction layer (HF does not build it), plus 58 router bias buffers
+    spec = build_spec("deepseek_v3")
+    assert spec.numel == 671_026_419_200
+    assert len([t for t in spec.tensors if t.partition == "expert"]) == 2 * 58
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_analytic_and_meta_paths_agree(name):
+    analytic, meta = build_spec(name, "analytic"), build_spec(name, "meta")
+    assert list(analytic.shapes().items()) == list(meta.shapes().items())
+    assert analytic.tensors == meta.tensors
+
+
+def test_tiny_spec_matches_a_real_hf_model_tensor_by_tensor():
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    arch = load_arch("tiny")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**arch.config))
+    real = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    spec = build_spec("tiny", "analytic").shapes()
+    assert spec == real
+    assert len(real) == 27 and real["model.layers.1.self_attn.k_proj.bias"] == (32,)
+    assert sum(p.numel() for p in model.parameters()) == build_spec("tiny").numel == 107_072
+
+
+def test_partition_tags():
+    spec = build_spec("qwen2_7b").by_name()
+    layer = "model.layers.3."
+    assert spec["model.embed_tokens.weight"].partition == "vocab"
+    assert spec["lm_head.weight"].partition == "vocab" and spec["lm_head.weight"].tied_to is None
+    assert (spec[layer + "self_attn.q_proj.weight"].partition, spec[layer + "self_attn.q_proj.weight"].tp_dim) == (
+        "column",
+        0,
+    )
+    assert spec[layer + "self_attn.q_proj.bias"].partition == "column"
+    assert (spec[layer + "self_attn.o_proj.weight"].partition, spec[layer + "self_attn.o_proj.weight"].tp_dim) == (
+        "row",
+        1,
+    )
+    assert spec[layer + "mlp.down_proj.weight"].partition == "row"
+    assert spec[layer + "input_layernorm.weight"].partition == "replicated"
+    k_proj = spec[layer + "self_attn.k_proj.weight"]
+    assert k_proj.gqa_kv and k_proj.tp_parts == ((4, 128),)
+    assert k_proj.kv_replicas(8) == 2 and k_proj.kv_replicas(4) == 1
+    # tp 8 over 4 kv heads: every rank holds one whole head (128 rows)
+    assert [k_proj.tp_slice_numel(8, r) for r in range(8)] == [128 * 3584] * 8
+    # 28 query heads over tp 8: 3 or 4 heads per rank, all 28 held once
+    q_proj = spec[layer + "self_attn.q_proj.weight"]
+    sizes = [q_proj.tp_slice_numel(8, r) // (128 * 3584) for r in range(8)]
+    assert sizes == [3, 4, 3, 4, 3, 4, 3, 4] and sum(sizes) == 28
+
+
+def test_tied_lm_head():
+    spec = build_spec("tiny").by_name()
+    assert spec["lm_head.weight"].tied_to == "model.embed_tokens.weight"
+    assert build_spec("tiny").numel == sum(t.numel for t in build_spec("tiny").tensors) - 512 * 64
+
+
+def test_moe_and_mla_tags():
+    spec = build_spec("deepseek_v3").by_name()
+    layer = "model.layers.3."
+    gate_up = spec[layer + "mlp.experts.gate_up_proj"]
+    assert (gate_up.shape, gate_up.partition, gate_up.ep_dim, gate_up.tp_dim) == ((256, 4096, 7168), "expert", 0, 1)
+    assert gate_up.expert_tp == "fused_gate_up" and gate_up.tp_parts == ((2048, 1), (2048, 1))
+    down = spec[layer + "mlp.experts.down_proj"]
+    assert (down.shape, down.tp_dim, down.expert_tp) == ((256, 7168, 2048), 2, "row")
+    assert spec[layer + "mlp.gate.weight"].partition == "replicated"
+    assert spec[layer + "mlp.gate.e_score_correction_bias"].shape == (256,)
+    assert spec[layer + "self_attn.q_a_proj.weight"].partition == "replicated"
+    assert spec[layer + "self_attn.q_b_proj.weight"].tp_parts == ((128, 192),)
+    assert spec[layer + "self_attn.kv_b_proj.weight"].tp_parts == ((128, 256),)
+    assert spec[layer + "mlp.shared_experts.gate_proj.weight"].shape == (2048, 7168)
+    assert spec["model.layers.2.mlp.gate_proj.weight"].shape == (18432, 7168)  # first_k_dense_replace = 3
+
+
+def test_megatron_view_fuses_qkv_and_gate_up():
+    spec = build_spec("qwen2_5_7b")
+    view = {t.name: t for t in spec.megatron_view()}
+    qkv = view["decoder.layers.0.self_attention.linear_qkv.weight"]
+    assert (qkv.shape, qkv.partition, qkv.tp_parts) == ((3584 + 2 * 512, 3584), "fused_qkv", ((4, 1152),))
+    fc1 = view["decoder.layers.0.mlp.linear_fc1.weight"]
+    assert (fc1.shape, fc1.partition, fc1.tp_parts) == ((2 * 18944, 3584), "fused_gate_up", ((18944, 1), (18944, 1)))
+    assert view["decoder.layers.0.self_attention.linear_qkv.bias"].shape == (4608,)
+    assert sum(t.numel for t in view.values()) == spec.numel
+    # a TP rank holds the same bytes in both views when heads and query groups divide tp
+    for tp in (1, 2, 4):
+        for rank in range(tp):
+            hf = sum(t.tp_slice_numel(tp, rank) for t in spec.tensors)
+            assert hf == sum(t.tp_slice_numel(tp, rank) for t in view.values())
+
+
+def test_unknown_family_needs_meta(tmp_path):
+    arch = arch_from_config(
+        {"model_type": "gpt2", "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 10}
+    )
+    with pytest.raises(ModelSpecError, match="no analytic spec for model_type 'gpt2'"):
+        build_spec(arch, "analytic")
