@@ -25,6 +25,7 @@ JSON schema of ``Plan.to_dict()`` (bytes are integers, times seconds)::
                          "total_received_bytes", "peak_param_bytes", "time_s",
                          "phases": [{"name","link","max_bytes","seconds"}]}},
       "time_s": {scheme: seconds},
+      "zero_redundancy_scheme": "hybridflow" | "fsdp_to_tp" | null,
       "memory": {...see memory.estimate_memory: gpu_bytes, actor, critic, ref_params, activations, rollout,
                  phases, peak_phase, peak_bytes, headroom_bytes, fits},
       "fits": bool | null, "headroom_bytes": int | null,
@@ -79,6 +80,14 @@ class Plan:
         return None if self.memory is None else int(self.memory["headroom_bytes"])
 
     @property
+    def zero_redundancy_scheme(self) -> str | None:
+        """The scheme the 3D-HybridEngine runs: hybridflow (Megatron shards) or fsdp_to_tp (FSDP shards)."""
+        for name in ("hybridflow", "fsdp_to_tp"):
+            if name in self.bytes:
+                return name
+        return None
+
+    @property
     def model_bytes(self) -> int:
         return 0 if self.spec is None else self.spec.numel * dtype_bytes(self.settings.dtype)
 
@@ -108,6 +117,7 @@ class Plan:
             "groups": groups,
             "bytes": {name: scheme.to_dict() for name, scheme in self.bytes.items()},
             "time_s": {name: scheme.time_s for name, scheme in self.bytes.items()},
+            "zero_redundancy_scheme": self.zero_redundancy_scheme,
             "memory": self.memory,
             "fits": self.fits,
             "headroom_bytes": self.headroom_bytes,
@@ -145,18 +155,19 @@ class Plan:
                 ("gen_pp", "gen PP", g.num_gen_pp_groups),
             ):
                 shown = g.groups(kind, limit=4)
-                more = f" ... ({count} groups)" if count > len(shown) else f" ({count} groups)"
+                noun = "group" if count == 1 else "groups"
+                more = f" ... ({count} {noun})" if count > len(shown) else f" ({count} {noun})"
                 lines.append(f"  {label:<9}" + " ".join("{" + ",".join(map(str, grp)) + "}" for grp in shown) + more)
         if self.bytes:
             lines.append("")
             lines.append(
-                f"{'scheme':<16}{'received/GPU':>14}{'of M':>12}{'Table 2':>20}{'peak params':>13}{'time':>10}  links"
+                f"{'scheme':<16}{'received/GPU':>14}{'of M':>12}{'Table 2':>22}{'peak params':>13}{'time':>10}  links"
             )
             for name, scheme in self.bytes.items():
                 links = "+".join(sorted({p.link for p in scheme.phases}))
                 lines.append(
                     f"{name:<16}{_gib(scheme.max):>14}{fraction_text(scheme.fraction):>12}"
-                    f"{SCHEMES[name][0]:>20}{_gib(scheme.peak_param_bytes):>13}{_seconds(scheme.time_s):>10}  {links}"
+                    f"{SCHEMES[name][0]:>22}{_gib(scheme.peak_param_bytes):>13}{_seconds(scheme.time_s):>10}  {links}"
                 )
         if self.memory is not None:
             m = self.memory
@@ -368,8 +379,8 @@ def build_plan(
     if plan.groups is not None:
         size = dtype_bytes(settings.dtype)
         plan.bytes = compute_bytes(plan.spec, plan.groups, cluster, size)
-        zero_redundancy = plan.bytes.get("hybridflow") or plan.bytes.get("fsdp_to_tp")
-        plan.memory = estimate_memory(plan.spec, plan.groups, cluster, settings, zero_redundancy.peak_param_bytes)
+        generation_weights = plan.bytes[plan.zero_redundancy_scheme].peak_param_bytes
+        plan.memory = estimate_memory(plan.spec, plan.groups, cluster, settings, generation_weights)
     plan.errors = errors
     plan.warnings = _warnings(plan, plan.spec)
     return plan
