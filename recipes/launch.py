@@ -62,10 +62,14 @@ def run_recipe(recipe: str, argv: list[str] | None = None) -> None:
         print(f"no GPU found: embedded CPU defaults {' '.join(added)} (choose parallel=/cluster= to plan for GPUs)")
     argv = added + argv
     if not _hydra_flags(argv):
+        # compose and validate once before Hydra makes a run folder: a bad input leaves nothing behind
         from recipes.compose import compose_recipe
+        from recipes.validate import validate
 
         try:
-            compose_recipe(recipe, [a for a in argv if not a.startswith("hydra.")])
+            cfg = compose_recipe(recipe, [a for a in argv if not a.startswith("hydra.")])
+            check_action(cfg)
+            validate(cfg)
         except ConfigError as error:
             exit_with(error)
     sys.argv = [f"recipes.{recipe}"] + argv
@@ -76,14 +80,12 @@ def run_recipe(recipe: str, argv: list[str] | None = None) -> None:
 def execute(cfg: DictConfig) -> None:
     """One Hydra job: validate, then the chosen action. Config problems exit 2 with one line each."""
     try:
-        action = OmegaConf.select(cfg, "action")
-        if action not in ACTIONS:
-            raise ConfigError(f"action: unknown action {action!r}; choose from {', '.join(ACTIONS)}")
+        action = check_action(cfg)
         from recipes.validate import validate
 
         checked = validate(cfg)
         for warning in checked.warnings:
-            print(f"warning: {warning}")
+            print(warning if warning.startswith("note:") else f"warning: {warning}")
         run_dir = Path(checked.cfg.run.dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(checked.cfg, run_dir / "resolved_config.yaml")
@@ -103,6 +105,13 @@ def execute(cfg: DictConfig) -> None:
         run_training(checked)
     except ConfigError as error:
         exit_with(error)
+
+
+def check_action(cfg: DictConfig) -> str:
+    action = OmegaConf.select(cfg, "action")
+    if action not in ACTIONS:
+        raise ConfigError(f"action: unknown action {action!r}; choose from {', '.join(ACTIONS)}")
+    return action
 
 
 def describe(checked) -> str:

@@ -84,11 +84,14 @@ def load_model_arch(cfg: DictConfig, problems: list[str]) -> ModelArch | None:
 
 
 def _check_strategy(cfg, train: dict, problems: list[str]) -> None:
+    """FSDP strategies train with tp = pp = 1; report otherwise and check the rest as if they were 1 (no cascade)."""
     strategy = OmegaConf.select(cfg, "strategy.name")
     if strategy in FSDP_STRATEGIES:
         for axis in ("tp", "pp"):
             value = train.get(axis)
             if isinstance(value, int) and value > 1:
+                train[axis] = 1
+                train["dp"] = -1
                 problems.append(
                     f"layout.train.{axis}: {axis}({value}) > 1 needs strategy=megatron; verl's {strategy} engine "
                     f"shards over data parallel only (pick parallel=tp1/tp2/tp4/tp8 to generate with TP under FSDP)"
@@ -119,11 +122,7 @@ def _check_batches(cfg, train: TrainLayout, use_critic: bool, problems: list[str
             f"actor_rollout_ref.actor.ppo_mini_batch_size: data.train_batch_size({batch}) must be a multiple of "
             f"ppo_mini_batch_size({mini}): {batch} % {mini} = {batch % mini}"
         )
-    if (batch * n) % dp:
-        problems.append(
-            f"data.train_batch_size: train_batch_size({batch}) * rollout.n({n}) = {batch * n} sequences do not split "
-            f"over dp({dp}) ranks: {batch * n} % {dp} = {(batch * n) % dp}"
-        )
+    # train_batch_size is a multiple of the mini-batch, so this also splits the whole rollout batch evenly
     if (mini * n) % dp:
         problems.append(
             f"actor_rollout_ref.actor.ppo_mini_batch_size: ppo_mini_batch_size({mini}) * rollout.n({n}) = {mini * n} "
@@ -189,12 +188,10 @@ def _check_model(arch: ModelArch, train: TrainLayout, infer: InferLayout, strate
         if heads % train.tp:
             problems.append(f"layout.train.tp: {name} has {heads} attention heads, not divisible by tp({train.tp}): "
                             f"{heads} % {train.tp} = {heads % train.tp}")
-        if kv % train.tp and train.tp % kv:
-            problems.append(f"layout.train.tp: {name} has {kv} kv heads; tp({train.tp}) must divide them or be a "
-                            f"multiple of them")
-        elif train.tp > kv:
-            warnings.append(f"layout.train.tp: tp({train.tp}) > {name}'s {kv} kv heads: kv heads are replicated "
-                            f"{train.tp // kv}x")
+        if kv % train.tp:
+            # Megatron-core splits query groups over TP ranks: num_query_groups % tp == 0
+            problems.append(f"layout.train.tp: Megatron needs tp({train.tp}) to divide {name}'s {kv} kv heads: "
+                            f"{kv} % {train.tp} = {kv % train.tp}")
         if arch.num_hidden_layers % train.pp:
             problems.append(f"layout.train.pp: {name} has {arch.num_hidden_layers} layers, not divisible by "
                             f"pp({train.pp}): {arch.num_hidden_layers} % {train.pp} = "
@@ -261,8 +258,10 @@ def _verl_checks(cfg: DictConfig, problems: list[str]) -> None:
 
 def validate(cfg: DictConfig, *, run_verl: bool = True) -> Checked:
     """Check everything; raise ConfigError with every problem, or return what was established."""
-    problems: list[str] = []
-    warnings: list[str] = []
+    from recipes.layout_keys import adopt_direct_overrides
+
+    notes, problems = adopt_direct_overrides(cfg)
+    warnings: list[str] = [f"note: {note}" for note in notes]
     world, world_desc = _world(cfg, problems)
     train_d = _layout_dict(cfg, "layout.train", problems)
     infer_d = _layout_dict(cfg, "layout.infer", problems)

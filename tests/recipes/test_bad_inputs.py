@@ -1,0 +1,93 @@
+"""Bad input: one clear line naming the key (with the arithmetic), exit code 2, no traceback, nothing started."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from recipes.launch import run_recipe
+
+# (recipe, argv, text the single error line must contain)
+BAD = [
+    ("grpo", ["parallel=tp9"], "parallel=tp9: no such option; choose from cpu, tp1, tp2, tp4, tp4pp2, tp8, tp8pp4"),
+    ("grpo", ["kl=strict"], "kl=strict: no such option; choose from adaptive, fixed, ramp"),
+    ("kl_ppo", ["model=gpt5"], "model=gpt5: no such option; choose from "),
+    ("grpo", ["nccl=infiniband"], "nccl=infiniband: no such option"),
+    ("grpo", ["actor_rollout_ref.actor.optim.lrr=3"],
+     "actor_rollout_ref.actor.optim.lrr: no such key (did you mean actor_rollout_ref.actor.optim.lr?)"),
+    ("grpo", ["algorithm.adv_estimatr=gae"], "algorithm.adv_estimatr: no such key (did you mean algorithm.adv_estimator?)"),
+    ("grpo", ["parallel=tp8pp4", "strategy=megatron"],
+     "layout.train: dp=-1 needs tp(8)*pp(4)*cp(1)=32 to divide world_size 8 (cluster.nnodes 1 * cluster.gpus_per_node 8)"),
+    ("grpo", ["parallel=tp1", "layout.train.cp=3"], "layout.train: dp=-1 needs tp(1)*pp(1)*cp(3)=3 to divide world_size 8"),
+    ("kl_ppo", ["parallel=tp4pp2"], "layout.train.pp: pp(2) > 1 needs strategy=megatron"),
+    ("grpo", ["parallel=tp2", "batching=fixed", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=7"],
+     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu: the mini-batch per GPU, ppo_mini_batch_size(256) * "
+     "rollout.n(5) / dp(8) = 160, is not a multiple of ppo_micro_batch_size_per_gpu(7): 160 % 7 = 6"),
+    ("grpo", ["data.train_batch_size=100"],
+     "actor_rollout_ref.actor.ppo_mini_batch_size: data.train_batch_size(100) must be a multiple of "
+     "ppo_mini_batch_size(256)"),
+    ("grpo", ["parallel=tp1", "cluster.gpus_per_node=7"],
+     "actor_rollout_ref.actor.ppo_mini_batch_size: ppo_mini_batch_size(256) * rollout.n(5) = 1280 does not split "
+     "over dp(7): 1280 % 7 = 6"),
+    ("grpo", ["parallel=tp2", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1000"],
+     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu: 1000 tokens * cp(1) = 1000 < one sequence, "
+     "data.max_prompt_length(512) + data.max_response_length(1024) = 1536"),
+    ("kl_ppo", ["strategy=megatron", "parallel=tp8", "model=qwen3_30b_a3b"],
+     "layout.train.tp: Megatron needs tp(8) to divide qwen3_30b_a3b's 4 kv heads: 4 % 8 = 4"),
+    ("grpo", ["parallel=tp8", "model=qwen2_5_0_5b"],
+     "layout.infer.tp: qwen2_5_0_5b has 14 attention heads, not divisible by tp(8): 14 % 8 = 6"),
+    ("kl_ppo", ["strategy=megatron", "parallel=tp4pp2", "layout.infer.tp=8"], "layout.infer.tp"),
+    ("grpo", ["cluster.nnodes=0"], "cluster.nnodes: must be a positive integer, got 0"),
+    ("grpo", ["action=deploy"], "action: unknown action 'deploy'; choose from validate, plan, train"),
+    ("grpo", ["actor_rollout_ref.rollout.n=0"], "actor_rollout_ref.rollout.n: must be a positive integer, got 0"),
+]
+
+
+@pytest.mark.parametrize("recipe,argv,expected", BAD, ids=[" ".join(a) for _, a, _ in BAD])
+def test_bad_input_exits_2_with_one_line(recipe, argv, expected, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        run_recipe(recipe, argv + ["action=validate"] if not any(a.startswith("action=") for a in argv) else argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("config error: ")
+    assert expected in err[0]
+    assert "Traceback" not in err[0]
+    assert not (tmp_path / "runs").exists(), "a bad input must not leave a run folder behind"
+
+
+def test_at_least_15_bad_inputs():
+    assert len(BAD) >= 15
+
+
+def _run(*args, cwd):
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    return subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_real_process_bad_layout(tmp_path):
+    proc = _run("recipes.kl_ppo", "parallel=tp8pp4", "strategy=megatron", "cluster.nnodes=2", "action=validate",
+                cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "config error: layout.train: dp=-1 needs tp(8)*pp(4)*cp(1)=32 to divide world_size 16 "
+        "(cluster.nnodes 2 * cluster.gpus_per_node 8) (remainder 16)"
+    )
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_real_process_seed_layout_validates(tmp_path):
+    proc = _run("recipes.kl_ppo", "parallel=tp8pp4", "strategy=megatron", "cluster.nnodes=4", "action=validate",
+                cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "config OK: megatron train dp1 tp8 pp4 cp1 ep1 -> vllm infer tp4 pp1 x8 replicas on 4x8 h100_80g" in proc.stdout
+    written = list((tmp_path / "runs" / "kl_ppo").glob("*/resolved_config.yaml"))
+    assert len(written) == 1
+    text = written[0].read_text()
+    assert "tensor_model_parallel_size: 8" in text and "pipeline_model_parallel_size: 4" in text
