@@ -1,0 +1,78 @@
+"""verl plugin of the pack: run verl's real trainer on the CPU (the embedded default) with an ``hf`` rollout.
+
+verl imports this package in every process that imports verl (entry-point group ``verl.plugins``). Importing it:
+
+1. checks that verl is the pinned version (:func:`require_supported_verl`; entry points call it too, because verl
+   hides plugin import errors);
+2. registers the ``hf`` rollout backend (:mod:`.hf_rollout`) in verl's ``RolloutReplicaRegistry`` and worker-side
+   rollout table: additive, other backends are untouched;
+3. only where the CPU platform is wanted (a torch build without accelerator, or ``VERL_PLATFORM=cpu``): registers
+   :class:`~.platform.PlatformCPU` in verl's ``PlatformRegistry``, selects it (``VERL_PLATFORM=cpu``, inherited by
+   Ray workers) and applies the CPU patches of :mod:`.patches`. On a machine with CUDA nothing of this happens.
+
+The verl overrides that go with it are in :mod:`.cpu_overrides` (``CPU_VERL_OVERRIDES``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from hybrid_engine.verl_plugin.patches import (
+    SUPPORTED_VERL,
+    UnsupportedVerlError,
+    installed_verl_version,
+    require_supported_verl,
+)
+from hybrid_engine.verl_plugin.platform import PLATFORM_NAME, cpu_platform_wanted
+
+__all__ = [
+    "SUPPORTED_VERL",
+    "UnsupportedVerlError",
+    "cpu_platform_wanted",
+    "install",
+    "installed_verl_version",
+    "require_supported_verl",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def _load_hf_replica():
+    from hybrid_engine.verl_plugin.hf_rollout import HFReplica
+
+    return HFReplica
+
+
+def install() -> None:
+    """Register the ``hf`` rollout everywhere and, where the CPU platform is wanted, the CPU platform and patches."""
+    try:
+        require_supported_verl()
+    except UnsupportedVerlError as error:
+        logger.error("%s", error)  # verl swallows plugin import errors at debug level: say it out loud first
+        raise
+
+    from hybrid_engine.verl_plugin import patches
+
+    patches.apply_rollout_patches()
+    patches.when_imported(
+        "verl.workers.rollout.replica",
+        lambda replica: replica.RolloutReplicaRegistry.register("hf", _load_hf_replica),
+    )
+
+    if not cpu_platform_wanted():
+        return
+    from verl.plugin.platform import PlatformRegistry
+
+    from hybrid_engine.verl_plugin.platform import PlatformCPU
+
+    if PlatformRegistry.get(PLATFORM_NAME) is not PlatformCPU:
+        PlatformRegistry.register(platform=PLATFORM_NAME)(PlatformCPU)
+    os.environ.setdefault("VERL_PLATFORM", PLATFORM_NAME)
+    # Ray pre-starts one idle Python worker per logical CPU for the first driver; verl's CPU run declares 16
+    # logical CPUs, and on a 2-core machine those idle starts delay every real actor by seconds.
+    os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
+    patches.apply_cpu_patches()
+
+
+install()

@@ -1,0 +1,343 @@
+"""The ``hf`` rollout backend: HF-transformers generation behind verl's server-mode rollout interfaces.
+
+verl 0.9.1 generates through *servers*: an agent loop asks a ``RolloutReplica``'s server actor for
+``generate(prompt_ids, sampling_params, ...) -> TokenOutput``; after each training step the actor workers push their
+weights into the rollout through a worker-side ``BaseRollout`` adapter. This module implements the three pieces
+with plain ``transformers`` so verl's real trainer runs where vLLM/SGLang cannot (a CPU):
+
+- :class:`HFServer`: a Ray actor holding an HF model. ``generate`` gathers the requests that arrive together into one
+  left-padded batch, samples with ``model.generate`` and returns the response tokens, their log-probs (when asked)
+  and ``extra_fields["global_steps"]`` (the weight version). Lifecycle calls (wake_up, sleep, ...) are no-ops.
+- :class:`HFReplica`: verl's ``RolloutReplica`` for ``rollout.name=hf``; one server per replica, on the node of the
+  replica's first worker.
+- :class:`HFRolloutAdapter`: the ``BaseRollout`` in each actor worker. ``update_weights`` drains the actor's weight
+  stream on every rank (FSDP2 all-gathers each tensor as it is yielded) and the replica's first rank hands the full
+  state dict to its server: :func:`hand_off_weights` is that hand-off, in one place.
+
+Weight sync can be switched off with ``HYBRID_ENGINE_SYNC_WEIGHTS=0`` (the rollout then keeps its initial weights,
+and verl's ``training/rollout_probs_diff_*`` metrics show the actor drifting away from it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+import ray
+import torch
+
+from verl.utils.config import omega_conf_to_dataclass
+from verl.workers.rollout.base import BaseRollout
+from verl.workers.rollout.replica import RolloutReplica, TokenOutput
+
+__all__ = [
+    "ROLLOUT_NAME",
+    "SYNC_WEIGHTS_ENV",
+    "HFReplica",
+    "HFRolloutAdapter",
+    "HFServer",
+    "hand_off_weights",
+    "server_name",
+    "weight_sync_enabled",
+]
+
+logger = logging.getLogger(__name__)
+
+ROLLOUT_NAME = "hf"
+SYNC_WEIGHTS_ENV = "HYBRID_ENGINE_SYNC_WEIGHTS"
+_BATCH_WINDOW_S = 0.005  # how long the server waits for more requests before it starts a batch
+
+
+def weight_sync_enabled() -> bool:
+    """False when ``HYBRID_ENGINE_SYNC_WEIGHTS`` is ``0``/``false``/``no``/``off``; true otherwise."""
+    return os.environ.get(SYNC_WEIGHTS_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def server_name(replica_rank: int) -> str:
+    """Ray actor name of a replica's server; the adapter finds its server by it."""
+    return f"{ROLLOUT_NAME}_server_{replica_rank}"
+
+
+def hand_off_weights(weights: Iterable[tuple[str, torch.Tensor]], keep: bool) -> dict[str, torch.Tensor] | None:
+    """Drain the actor's ``(name, full tensor)`` stream; return it as a CPU state dict where ``keep``, else None.
+
+    Every rank must drain the stream, because FSDP2 all-gathers each tensor while it is yielded; only the rank that
+    feeds a server keeps the tensors. This is the single place where weights leave the actor for the rollout.
+    """
+    state: dict[str, torch.Tensor] | None = {} if keep else None
+    for name, tensor in weights:
+        if state is not None:
+            state[name] = tensor.detach().to("cpu", copy=True)
+    return state
+
+
+class HFServer:
+    """Token-in/token-out generation with an HF model, shaped like verl's vLLM server actor."""
+
+    def __init__(self, config, model_config, replica_rank: int = 0) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.config = omega_conf_to_dataclass(config)
+        self.model_config = omega_conf_to_dataclass(model_config)
+        self.replica_rank = replica_rank
+        self.global_steps: int | None = None
+        self.weight_version = 0  # how many weight hand-offs this server has loaded
+        torch.manual_seed(self.config.seed + replica_rank)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            self.model_config.local_path, dtype=torch.float32, attn_implementation="sdpa"
+        ).eval()
+        tokenizer = self.model_config.tokenizer
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        eos = self.model.generation_config.eos_token_id
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        self.eos_token_ids = sorted(set(eos) | {tokenizer.eos_token_id})
+        self._lock = threading.Lock()  # generation threads vs weight loads
+        self._pending: list[tuple[list[int], dict, asyncio.Future]] = []
+        self._batcher: asyncio.Task | None = None
+
+    # ---- generation -------------------------------------------------------------------------------------------
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        request_id: str,
+        image_data=None,
+        video_data=None,
+        audio_data=None,
+        mm_processor_kwargs=None,
+        priority: int = 0,
+        **kwargs,
+    ) -> TokenOutput:
+        if image_data or video_data or audio_data:
+            raise NotImplementedError("the hf rollout is text-only")
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append((list(prompt_ids), dict(sampling_params), future))
+        if self._batcher is None or self._batcher.done():
+            self._batcher = asyncio.create_task(self._run_batches())
+        token_ids, log_probs = await future
+        return TokenOutput(
+            token_ids=token_ids,
+            log_probs=log_probs,
+            stop_reason="completed",
+            num_preempted=0,
+            extra_fields={"global_steps": self.global_steps},
+        )
+
+    async def _run_batches(self) -> None:
+        while self._pending:
+            await asyncio.sleep(_BATCH_WINDOW_S)
+            pending, self._pending = self._pending, []
+            groups: dict[tuple, list] = {}
+            for item in pending:
+                groups.setdefault(self._sampling_key(item[0], item[1]), []).append(item)
+            for key, items in groups.items():
+                try:
+                    results = await asyncio.to_thread(self._generate_batch, [item[0] for item in items], key)
+                except Exception as error:  # hand the error to every waiting request
+                    for _, _, future in items:
+                        future.set_exception(error)
+                    continue
+                for (_, _, future), result in zip(items, results, strict=True):
+                    future.set_result(result)
+
+    def _sampling_key(self, prompt_ids: list[int], params: dict) -> tuple:
+        """(max_new_tokens, temperature, top_p, top_k, want_logprobs): requests batch together when these agree."""
+        if "max_tokens" in params:
+            max_tokens = params["max_tokens"]
+        elif "max_new_tokens" in params:
+            max_tokens = params["max_new_tokens"]
+        else:
+            max_tokens = min(
+                self.config.response_length,
+                self.config.prompt_length + self.config.response_length - len(prompt_ids),
+            )
+        temperature = float(params.get("temperature", self.config.temperature))
+        top_p = float(params.get("top_p", 1.0))
+        top_k = int(params.get("top_k", -1))
+        return max(1, int(max_tokens)), temperature, top_p, top_k, bool(params.get("logprobs", False))
+
+    @torch.no_grad()
+    def _generate_batch(self, prompts: list[list[int]], key: tuple) -> list[tuple[list[int], list[float] | None]]:
+        from transformers import GenerationConfig
+
+        max_new_tokens, temperature, top_p, top_k, want_logprobs = key
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):  # left padding
+            input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            attention_mask[row, width - len(prompt) :] = 1
+        sample = temperature > 0
+        generation_config = GenerationConfig(
+            max_new_tokens=max_new_tokens,
+            do_sample=sample,
+            temperature=temperature if sample else None,
+            top_p=top_p if sample and top_p < 1.0 else None,
+            top_k=top_k if sample and top_k > 0 else None,
+            eos_token_id=self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
+            return_dict_in_generate=True,
+            output_logits=want_logprobs,
+        )
+        with self._lock:
+            out = self.model.generate(
+                input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config
+            )
+        responses = out.sequences[:, width:]
+        log_probs = None
+        if want_logprobs:
+            logits = torch.stack(out.logits, dim=1).float()
+            if sample:
+                logits = logits / temperature  # verl's actor scores with logits / rollout.temperature too
+            log_probs = torch.log_softmax(logits, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
+        results = []
+        eos = set(self.eos_token_ids)
+        for row in range(len(prompts)):
+            tokens = responses[row].tolist()
+            length = next((i + 1 for i, token in enumerate(tokens) if token in eos), len(tokens))
+            row_log_probs = log_probs[row, :length].tolist() if log_probs is not None else None
+            results.append((tokens[:length], row_log_probs))
+        return results
+
+    # ---- weights ----------------------------------------------------------------------------------------------
+
+    async def update_weights(self, state_dict: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
+        """Load a full state dict (HF names); returns the number of tensors loaded."""
+        await asyncio.to_thread(self._load_state_dict, state_dict)
+        self.weight_version += 1
+        if global_steps is not None:
+            self.global_steps = global_steps
+        return len(state_dict)
+
+    def _load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+        with self._lock:
+            result = self.model.load_state_dict(state_dict, strict=False)
+        missing = [name for name in result.missing_keys if not self._is_tied(name)]
+        if missing or result.unexpected_keys:
+            raise RuntimeError(
+                f"hf rollout: weight hand-off does not match the model: missing {missing[:5]}, "
+                f"unexpected {result.unexpected_keys[:5]}"
+            )
+
+    def _is_tied(self, name: str) -> bool:
+        return name == "lm_head.weight" and bool(getattr(self.model.config, "tie_word_embeddings", False))
+
+    async def set_global_steps(self, global_steps: int) -> None:
+        self.global_steps = global_steps
+
+    async def get_state(self) -> dict[str, Any]:
+        """For tests and debugging: the weight version and a checksum of the weights."""
+        with self._lock:
+            checksum = float(sum(p.detach().double().sum() for p in self.model.parameters()))
+        return {"global_steps": self.global_steps, "weight_version": self.weight_version, "checksum": checksum}
+
+    # ---- lifecycle: nothing to free or restore on the CPU -----------------------------------------------------
+
+    async def wake_up(self, *args, **kwargs) -> None:
+        return None
+
+    async def sleep(self, *args, **kwargs) -> None:
+        return None
+
+    async def abort_all_requests(self, reject_request: bool = False) -> dict[str, Any]:
+        return {"aborted_count": 0, "request_ids": []}
+
+    async def resume_generation(self) -> None:
+        return None
+
+    async def clear_kv_cache(self) -> None:
+        return None
+
+    async def release_kv_cache(self) -> None:
+        return None
+
+    async def resume_kv_cache(self) -> None:
+        return None
+
+    async def wait_for_requests_to_drain(self) -> None:
+        return None
+
+    async def start_profile(self, **kwargs) -> None:
+        return None
+
+    async def stop_profile(self) -> None:
+        return None
+
+
+class HFReplica(RolloutReplica):
+    """One :class:`HFServer` per replica (``rollout.tensor_model_parallel_size`` workers, usually 1)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.server_class = ray.remote(HFServer)
+
+    async def launch_servers(self) -> None:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        if self.workers:
+            node_id = await self.workers[0].__ray_call__.remote(lambda worker: ray.get_runtime_context().get_node_id())
+        else:
+            node_id = ray.get_runtime_context().get_node_id()
+        name = server_name(self.replica_rank) + self.name_suffix
+        server = self.server_class.options(
+            name=name,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+            max_concurrency=self.max_concurrency,
+            num_cpus=0,
+        ).remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank)
+        self.servers = [server]
+        self._server_handle = server
+        self._server_address = name  # no HTTP endpoint: the load balancer only needs a unique key
+
+    def rollout_worker_use_gpu(self) -> bool:
+        return False
+
+
+class HFRolloutAdapter(BaseRollout):
+    """The rollout side of each actor worker: receives the actor's weights every step."""
+
+    def __init__(self, config, model_config, device_mesh, *args, replica_rank: int = -1, **kwargs) -> None:
+        super().__init__(config, model_config, device_mesh)
+        rank = int(os.environ.get("RANK", "0"))
+        rollout_world_size = (
+            self.config.tensor_model_parallel_size
+            * self.config.data_parallel_size
+            * self.config.pipeline_model_parallel_size
+        )
+        self.replica_rank = rank // rollout_world_size if replica_rank < 0 else replica_rank
+        self.rollout_rank = rank % rollout_world_size
+        self.sync_weights = weight_sync_enabled()
+        self._server = None
+        if not self.sync_weights and rank == 0:
+            logger.warning("%s=0: the hf rollout keeps its initial weights (weight sync is off)", SYNC_WEIGHTS_ENV)
+
+    @property
+    def server(self):
+        if self._server is None:
+            self._server = ray.get_actor(server_name(self.replica_rank))
+        return self._server
+
+    async def resume(self, tags: list[str]) -> None:
+        return None
+
+    async def release(self) -> None:
+        return None
+
+    async def update_weights(self, weights, global_steps: int | None = None, wire_format: str = "named_tensors", **kwargs):
+        if wire_format != "named_tensors":
+            raise NotImplementedError(f"the hf rollout takes wire_format='named_tensors', got {wire_format!r}")
+        if kwargs.get("peft_config") is not None:
+            raise NotImplementedError("the hf rollout takes merged weights only (model.lora.merge=True)")
+        feeds_server = self.rollout_rank == 0
+        state = hand_off_weights(weights, keep=feeds_server and self.sync_weights)
+        if not feeds_server:
+            return
+        if state is not None:
+            await self.server.update_weights.remote(state, global_steps)
+        elif global_steps is not None:
+            await self.server.set_global_steps.remote(global_steps)

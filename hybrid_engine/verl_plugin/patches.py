@@ -1,0 +1,190 @@
+"""Every change this pack makes inside verl, in one place, pinned to one verl version.
+
+verl 0.9.1 has registries for platforms and rollout replicas, which the plugin uses through their public API
+(``hybrid_engine.verl_plugin.__init__``). What has no public hook is patched here, and only here:
+
+==========================================  ===================================================================
+what                                        why
+==========================================  ===================================================================
+``_ROLLOUT_REGISTRY[("hf", "async")]``      verl's worker builds its rollout adapter from this private table.
+``EngineRegistry`` (device ``cpu``)         verl's FSDP engines register for ``cuda``/``npu`` only; the same
+                                            classes run on the CPU.
+``transformer_impl.CPUOffloadPolicy``       the forward-only ref model gets ``CPUOffloadPolicy(pin_memory=True)``;
+                                            pinning needs an accelerator, so on the CPU it is built unpinned.
+``initialize_global_process_group_ray``     verl asks torch for ``"cpu:gloo,<device>:<backend>"``, which is
+                                            ``"cpu:gloo,cpu:gloo"`` on the CPU: torch rejects the duplicate.
+==========================================  ===================================================================
+
+Patches to modules that are slow to import (the engines pull in transformers and peft) are applied right after the
+module is first imported, by a small import hook, so ``import verl`` stays as fast as it was.
+
+Each patch checks the verl version first: on any verl other than :data:`SUPPORTED_VERL` it raises
+:class:`UnsupportedVerlError`, naming the version found and the version required. verl imports plugins inside a
+``try``/``except`` that logs at debug level, so entry points call :func:`require_supported_verl` themselves.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.metadata
+import logging
+import sys
+from collections.abc import Callable
+
+__all__ = [
+    "SUPPORTED_VERL",
+    "UnsupportedVerlError",
+    "apply_cpu_patches",
+    "apply_rollout_patches",
+    "installed_verl_version",
+    "require_supported_verl",
+    "when_imported",
+]
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_VERL = "0.9.1"
+"""The one verl version whose internals these patches were written against."""
+
+_ROLLOUT_ADAPTER = "hybrid_engine.verl_plugin.hf_rollout.HFRolloutAdapter"
+
+
+class UnsupportedVerlError(RuntimeError):
+    """The installed verl is not the version this pack's verl patches were written for."""
+
+
+def installed_verl_version() -> str:
+    """The installed verl's version (package metadata; ``verl.__version__`` if metadata is missing)."""
+    try:
+        return importlib.metadata.version("verl")
+    except importlib.metadata.PackageNotFoundError:
+        import verl
+
+        return verl.__version__
+
+
+def require_supported_verl(found: str | None = None) -> str:
+    """Return the installed verl version, or raise :class:`UnsupportedVerlError` if it is not :data:`SUPPORTED_VERL`.
+
+    ``found`` overrides the detected version (for tests).
+    """
+    found = installed_verl_version() if found is None else found
+    if found != SUPPORTED_VERL:
+        raise UnsupportedVerlError(
+            f"hybrid_engine.verl_plugin patches verl internals and supports verl=={SUPPORTED_VERL} only, "
+            f"found verl=={found}. Install the pinned version (pip install verl=={SUPPORTED_VERL}) or port "
+            f"hybrid_engine/verl_plugin/patches.py to verl {found}."
+        )
+    return found
+
+
+# ---- run a function right after a module is imported ------------------------------------------------------------
+
+_after_import: dict[str, list[Callable]] = {}
+
+
+class _AfterImportFinder(importlib.abc.MetaPathFinder):
+    """Wraps the loader of a watched module so the registered callbacks run once its body has executed."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in _after_import:
+            return None
+        for finder in sys.meta_path:
+            if finder is self:
+                continue
+            spec = finder.find_spec(fullname, path, target) if hasattr(finder, "find_spec") else None
+            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                spec.loader = _CallbackLoader(spec.loader, fullname)
+                return spec
+        return None
+
+
+class _CallbackLoader(importlib.abc.Loader):
+    def __init__(self, loader, fullname: str) -> None:
+        self._loader = loader
+        self._fullname = fullname
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._loader.exec_module(module)
+        for callback in _after_import.pop(self._fullname, []):
+            callback(module)
+
+
+_FINDER = _AfterImportFinder()
+
+
+def when_imported(module_name: str, callback: Callable) -> None:
+    """Call ``callback(module)`` now if ``module_name`` is imported, else right after its first import."""
+    module = sys.modules.get(module_name)
+    if module is not None and getattr(getattr(module, "__spec__", None), "_initializing", False) is False:
+        callback(module)
+        return
+    _after_import.setdefault(module_name, []).append(callback)
+    if _FINDER not in sys.meta_path:
+        sys.meta_path.insert(0, _FINDER)
+
+
+# ---- the patches -------------------------------------------------------------------------------------------------
+
+
+def _register_hf_adapter(base_module) -> None:
+    require_supported_verl()
+    base_module._ROLLOUT_REGISTRY[("hf", "async")] = _ROLLOUT_ADAPTER
+
+
+def _register_cpu_engines(engine_package) -> None:
+    require_supported_verl()
+    from verl.workers.engine.base import EngineRegistry
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead, FSDPEngineWithValueHead
+
+    for model_type, engine_cls in (("language_model", FSDPEngineWithLMHead), ("value_model", FSDPEngineWithValueHead)):
+        registered = EngineRegistry._engines.get(model_type, {})
+        if all("cpu" in registered.get(backend, {}) for backend in ("fsdp", "fsdp2")):
+            continue
+        EngineRegistry.register(model_type=model_type, backend=["fsdp", "fsdp2"], device="cpu")(engine_cls)
+
+
+def _unpinned_cpu_offload(transformer_impl) -> None:
+    require_supported_verl()
+    policy_cls = transformer_impl.CPUOffloadPolicy
+    if policy_cls is None or getattr(policy_cls, "_hybrid_engine_unpinned", False):
+        return
+
+    @functools.wraps(policy_cls, updated=())
+    def unpinned(*args, pin_memory: bool = True, **kwargs):
+        return policy_cls(*args, pin_memory=False, **kwargs)
+
+    unpinned._hybrid_engine_unpinned = True
+    transformer_impl.CPUOffloadPolicy = unpinned
+
+
+def _gloo_process_group(distributed) -> None:
+    require_supported_verl()
+    original = distributed.initialize_global_process_group_ray
+    if getattr(original, "_hybrid_engine_gloo", False):
+        return
+
+    @functools.wraps(original)
+    def initialize_global_process_group_ray(timeout_second=None, backend=None):
+        return original(timeout_second=timeout_second, backend=backend or "cpu:gloo")
+
+    initialize_global_process_group_ray._hybrid_engine_gloo = True
+    distributed.initialize_global_process_group_ray = initialize_global_process_group_ray
+
+
+def apply_rollout_patches() -> None:
+    """Make ``rollout.name=hf`` resolvable in verl's workers. Additive: other rollouts are untouched."""
+    require_supported_verl()
+    when_imported("verl.workers.rollout.base", _register_hf_adapter)
+
+
+def apply_cpu_patches() -> None:
+    """What verl's CPU run needs beyond the platform. Only called when the CPU platform is wanted."""
+    require_supported_verl()
+    when_imported("verl.utils.distributed", _gloo_process_group)
+    when_imported("verl.workers.engine", _register_cpu_engines)
+    when_imported("verl.workers.engine.fsdp.transformer_impl", _unpinned_cpu_offload)
