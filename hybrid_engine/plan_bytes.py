@@ -53,6 +53,7 @@ __all__ = [
     "expert_counts",
     "fraction_text",
     "fsdp_chunk",
+    "received_by_tensor",
     "stage_bounds",
     "stage_placement",
 ]
@@ -464,3 +465,67 @@ def _fsdp_to_tp(
         peak_param_bytes=int(need.max()) * dtype_size,
         phases=phases,
     )
+
+
+def received_by_tensor(
+    spec: ModelSpec, groups: HybridGroups, rank: int, scheme: str, dtype_size: int
+) -> dict[str, int]:
+    """Bytes ``rank`` receives per tensor under ``scheme`` (unique names; a tied lm_head counts as the embedding).
+
+    The sum over tensors equals ``compute_bytes(...)[scheme].received[rank]``; a resharding executor can compare
+    its collectives with this tensor by tensor.
+    """
+    data, stage, tp, ep = groups.train_coords(rank)
+    out: dict[str, int] = {}
+    if scheme in ("full_gather", "fsdp_to_tp"):
+        world, ranks = groups.world_size, np.array([rank])
+        tau = rank // (world // groups.t_g)
+        for tensor in spec.tensors:
+            if tensor.tied_to is not None:
+                continue
+            start, stop = (int(v[0]) for v in fsdp_chunk(tensor.shape[0], world, ranks))
+            row_elems = tensor.numel // tensor.shape[0]
+            if scheme == "full_gather":
+                out[tensor.name] = (tensor.numel - (stop - start) * row_elems) * dtype_size
+                continue
+            needed = int(_slice_table(_signature(tensor), groups.t_g, groups.t_g)[2][tau])
+            if tensor.tp_dim == 0:
+                held, offset = 0, 0
+                for units, size in tensor.tp_parts:
+                    lo, hi = units_range(units, groups.t_g, tau)
+                    held += max(0, min(offset + hi * size, stop) - max(offset + lo * size, start))
+                    offset += units * size
+                held *= row_elems
+            else:
+                held = (stop - start) * (needed // tensor.shape[0])
+            out[tensor.name] = (needed - held) * dtype_size
+        return out
+    placed = stage_placement(spec, groups.p)
+    own_stage = placed[stage]
+    if scheme == "tp_group_gather":
+        for tensor in spec.tensors:
+            if tensor.tied_to is not None:
+                continue
+            held = 0
+            if tensor.name in own_stage:
+                x = own_stage[tensor.name]
+                held = int(_slice_table(_signature(x), groups.t, groups.t_g)[0][tp])
+                if x.ep_dim is not None:
+                    held = held // x.shape[x.ep_dim] * int(expert_counts(x.shape[x.ep_dim], groups.ep)[ep])
+            out[tensor.name] = (tensor.numel - held) * dtype_size
+        return out
+    if scheme != "hybridflow":
+        raise ValueError(f"unknown scheme {scheme!r}; choose from {list(SCHEMES)}")
+    tau, pi = tp // groups.k_t, stage // groups.k_p
+    needed: dict[str, TensorSpec] = {}
+    for s in range(pi * groups.k_p, (pi + 1) * groups.k_p):
+        needed.update(placed[s])
+    for key, tensor in needed.items():
+        own, overlap, gen = _slice_table(_signature(tensor), groups.t, groups.t_g)
+        need, have = int(gen[tau]), int(overlap[tp]) if key in own_stage else 0
+        if tensor.ep_dim is not None:
+            experts = tensor.shape[tensor.ep_dim]
+            need = need // experts * int(expert_counts(experts, groups.ep_g)[ep // groups.k_e])
+            have = have // experts * int(expert_counts(experts, groups.ep)[ep])
+        out[key] = (need - have) * dtype_size
+    return out

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hybrid_engine.groups import hybrid_groups
 from hybrid_engine.layout import FSDP_ORDER, InferLayout, TrainLayout
 from hybrid_engine.model_spec import ModelSpec, arch_from_config, build_spec
-from hybrid_engine.plan_bytes import compute_bytes, fraction_text, fsdp_chunk, stage_bounds
+from hybrid_engine.plan_bytes import compute_bytes, fraction_text, fsdp_chunk, received_by_tensor, stage_bounds
 from hybrid_engine.plan_settings import ClusterSpec
 
 CLUSTER = ClusterSpec(nnodes=1, gpus_per_node=64)
@@ -362,3 +362,34 @@ def test_deepseek_v3_on_4096_gpus_is_fast_and_sane():
     assert b["full_gather"].max < b["full_gather"].model_bytes
     assert b["hybridflow"].max < b["tp_group_gather"].min / 100
     assert len(b["hybridflow"].received) == 4096
+
+
+@pytest.mark.parametrize("spec,t,p,d,t_g,p_g,ep,ep_g", CASES, ids=[f"{c[0].arch.name}-{c[1:]}" for c in CASES])
+def test_received_by_tensor_sums_to_the_rank_total(spec, t, p, d, t_g, p_g, ep, ep_g):
+    groups = hybrid_groups(
+        TrainLayout(dp=d, tp=t, pp=p, ep=ep), InferLayout(tp=t_g, pp=p_g, ep=ep_g).resolve(t * p * d)
+    )
+    totals = compute_bytes(spec, groups, CLUSTER, 2)
+    for scheme, result in totals.items():
+        for rank in range(t * p * d):
+            per_tensor = received_by_tensor(spec, groups, rank, scheme, 2)
+            assert sum(per_tensor.values()) == result.received[rank], (scheme, rank)
+
+
+@pytest.mark.parametrize("spec,world,t_g", [(TINY, 8, 2), (ODD, 12, 4)])
+def test_received_by_tensor_fsdp(spec, world, t_g):
+    groups = hybrid_groups(TrainLayout(dp=world, order=FSDP_ORDER), InferLayout(tp=t_g).resolve(world))
+    totals = compute_bytes(spec, groups, CLUSTER, 2)
+    for scheme, result in totals.items():
+        for rank in range(world):
+            assert sum(received_by_tensor(spec, groups, rank, scheme, 2).values()) == result.received[rank]
+
+
+def test_received_by_tensor_names_the_tensors():
+    groups = hybrid_groups(TrainLayout(dp=1, tp=4, pp=1), InferLayout(tp=2).resolve(4))
+    per_tensor = received_by_tensor(TINY, groups, 0, "hybridflow", 2)
+    assert per_tensor["model.layers.0.input_layernorm.weight"] == 0  # replicated: already held
+    assert per_tensor["model.layers.0.self_attn.q_proj.weight"] == 16 * 64 * 2  # one more head of 16 rows
+    # tp 4 > 2 kv heads: rank 0 holds kv head 0 in training and keeps just head 0 at tp 2
+    assert per_tensor["model.layers.0.self_attn.k_proj.weight"] == 0
+    assert per_tensor["model.embed_tokens.weight"] == 128 * 64 * 2
