@@ -225,3 +225,59 @@ def test_unknown_family_needs_meta(tmp_path):
     )
     with pytest.raises(ModelSpecError, match="no analytic spec for model_type 'gpt2'"):
         build_spec(arch, "analytic")
+
+
+SMALL_CONFIGS = {
+    "mistral": {"model_type": "mistral", "head_dim": 16},
+    "qwen3": {"model_type": "qwen3", "head_dim": 24},
+    "llama_bias": {"model_type": "llama", "attention_bias": True, "mlp_bias": True},
+    "qwen3_moe": {
+        "model_type": "qwen3_moe",
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
+        "decoder_sparse_step": 2,
+        "mlp_only_layers": [0],
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(SMALL_CONFIGS))
+def test_analytic_matches_meta_on_small_configs(name):
+    config = {
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 100,
+        **SMALL_CONFIGS[name],
+    }
+    arch = arch_from_config(config, name)
+    analytic, meta = build_spec(arch, "analytic"), build_spec(arch, "meta")
+    assert list(analytic.shapes().items()) == list(meta.shapes().items())
+    assert analytic.tensors == meta.tensors
+
+
+def test_unknown_family_falls_back_to_meta(tmp_path):
+    config = {
+        "model_type": "qwen2_moe",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 1,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 96,
+        "vocab_size": 100,
+        "intermediate_size": 128,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    spec = build_spec(tmp_path)
+    assert spec.method == "meta"
+    tags = {t.name: t.partition for t in spec.tensors}
+    assert tags["model.layers.0.mlp.experts.gate_up_proj"] == "expert"
+    assert tags["model.layers.0.mlp.shared_expert.gate_proj.weight"] == "column"
+    assert tags["model.layers.0.mlp.shared_expert.down_proj.weight"] == "row"
+    assert tags["model.layers.0.mlp.shared_expert_gate.weight"] == "replicated"
