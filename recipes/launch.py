@@ -60,7 +60,7 @@ def run_recipe(recipe: str, argv: list[str] | None = None) -> None:
     added = embedded_defaults(argv, has_accelerator())
     if added:
         print(f"no GPU found: embedded CPU defaults {' '.join(added)} (choose parallel=/cluster= to plan for GPUs)")
-    argv = added + argv
+    argv = argv + added
     if not _hydra_flags(argv):
         # compose and validate once before Hydra makes a run folder: a bad input leaves nothing behind
         from recipes.compose import compose_recipe

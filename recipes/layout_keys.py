@@ -36,6 +36,14 @@ LAYOUT_FED_KEYS: dict[str, str] = {
 }
 
 
+# verl keys that repeat the name of a pack choice (strategy/, rollout/): adopted the same way
+NAME_FED_KEYS: dict[str, str] = {
+    "actor_rollout_ref.rollout.name": "rollout.name",
+}
+
+REPEATED_KEYS = {**LAYOUT_FED_KEYS, **NAME_FED_KEYS}
+
+
 def present_keys(cfg: DictConfig) -> list[str]:
     """The layout-fed verl keys that exist under the chosen strategy."""
     return [key for key in LAYOUT_FED_KEYS if _exists(cfg, key)]
@@ -57,7 +65,7 @@ def adopt_direct_overrides(cfg: DictConfig) -> tuple[list[str], list[str]]:
     """Move values written on verl's layout keys into the pack keys they repeat. Returns (notes, problems)."""
     adopted: dict[str, tuple[str, object]] = {}
     problems: list[str] = []
-    for verl_key, pack_key in LAYOUT_FED_KEYS.items():
+    for verl_key, pack_key in REPEATED_KEYS.items():
         if not _exists(cfg, verl_key) or _is_interpolation(cfg, verl_key):
             continue
         value = OmegaConf.select(cfg, verl_key)
@@ -73,7 +81,7 @@ def adopt_direct_overrides(cfg: DictConfig) -> tuple[list[str], list[str]]:
             OmegaConf.update(cfg, pack_key, value, merge=False)
             if before != value:
                 notes.append(f"{verl_key}={value} sets {pack_key} (was {before})")
-        for verl_key, pack_key in LAYOUT_FED_KEYS.items():
+        for verl_key, pack_key in REPEATED_KEYS.items():
             if pack_key in adopted and _exists(cfg, verl_key):
                 OmegaConf.update(cfg, verl_key, "${" + pack_key + "}", merge=False)
     return notes, problems

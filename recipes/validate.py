@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
-from hybrid_engine.layout import InferLayout, TrainLayout, collect_layout_errors
+from hybrid_engine.layout import FSDP_ORDER, InferLayout, TrainLayout, collect_layout_errors
 from hybrid_engine.model_spec import ModelArch, load_arch
 from recipes.errors import ConfigError
 
@@ -266,6 +266,8 @@ def validate(cfg: DictConfig, *, run_verl: bool = True) -> Checked:
     train_d = _layout_dict(cfg, "layout.train", problems)
     infer_d = _layout_dict(cfg, "layout.infer", problems)
     _check_strategy(cfg, train_d, problems)
+    if OmegaConf.select(cfg, "strategy.name") in FSDP_STRATEGIES:
+        train_d.setdefault("order", FSDP_ORDER)
     train = infer = None
     if world is not None:
         train, infer, layout_problems = collect_layout_errors(train_d, infer_d, world, world_desc)
