@@ -44,11 +44,14 @@ def explain_hydra_error(error: Exception, overrides: list[str], recipe: str = "g
             return f"{match.group(1)}: no such config"
     if isinstance(error, OverrideParseException):
         return f"command line: cannot parse override: {text.splitlines()[0]}"
-    match = re.search(r"Could not override '([^']+)'", text) or re.search(r"Could not append to config\. An item is already at '([^']+)'", text)
+    match = re.search(r"Could not override '([^']+)'", text) or re.search(
+        r"Could not append to config\. An item is already at '([^']+)'", text
+    )
     if match:
         key = match.group(1)
         if "." not in key and key in pack_groups():
-            return f"{key}: needs an option, e.g. {key}={group_options(key)[0]}; choose from {', '.join(group_options(key))}"
+            choices = group_options(key)
+            return f"{key}: needs an option, e.g. {key}={choices[0]}; choose from {', '.join(choices)}"
         return f"{key}: no such key{_suggest(key, overrides, recipe)}; to add a new key write +{key}=VALUE"
     match = re.search(r"Key '([^']+)' is not in struct", text)
     if match:

@@ -1,4 +1,4 @@
-"""GRPO on verl 0.9.1: `python -m recipes.grpo [group=option ...] [verl.dotted.key=value ...] [action=validate|plan]`."""
+"""GRPO on verl 0.9.1: `python -m recipes.grpo [group=option ...] [verl.key=value ...] [action=validate|plan]`."""
 
 from recipes.launch import run_recipe
 

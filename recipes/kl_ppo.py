@@ -1,4 +1,4 @@
-"""KL-PPO (GAE + critic) on verl 0.9.1: `python -m recipes.kl_ppo [group=option ...] [verl.key=value ...] [action=...]`."""
+"""KL-PPO (GAE + critic) on verl 0.9.1: `python -m recipes.kl_ppo [group=option ...] [verl.key=value ...]`."""
 
 from recipes.launch import run_recipe
 

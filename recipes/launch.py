@@ -68,8 +68,8 @@ def run_recipe(recipe: str, argv: list[str] | None = None) -> None:
 
         try:
             cfg = compose_recipe(recipe, [a for a in argv if not a.startswith("hydra.")])
-            check_action(cfg)
-            validate(cfg)
+            if check_action(cfg) != "plan":
+                validate(cfg)
         except ConfigError as error:
             exit_with(error)
     sys.argv = [f"recipes.{recipe}"] + argv
@@ -81,6 +81,18 @@ def execute(cfg: DictConfig) -> None:
     """One Hydra job: validate, then the chosen action. Config problems exit 2 with one line each."""
     try:
         action = check_action(cfg)
+        if action == "plan":
+            # a plan is printed even for a layout that does not fit the model: it shows why (and exits 2)
+            from recipes.plan import run_plan
+            from recipes.validate import inspect
+
+            checked = inspect(cfg)
+            if checked.train is None or checked.infer is None or checked.arch is None:
+                raise ConfigError(checked.problems)
+            code = run_plan(checked)
+            if code:
+                sys.exit(code)
+            return
         from recipes.validate import validate
 
         checked = validate(cfg)
@@ -92,13 +104,6 @@ def execute(cfg: DictConfig) -> None:
         if action == "validate":
             print(f"config OK: {describe(checked)}")
             print(f"resolved verl config written to {run_dir / 'resolved_config.yaml'}")
-            return
-        if action == "plan":
-            from recipes.plan import run_plan
-
-            code = run_plan(checked)
-            if code:
-                sys.exit(code)
             return
         from recipes.train import run_training
 

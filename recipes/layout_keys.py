@@ -1,8 +1,9 @@
 """The verl keys that repeat a layout or cluster number, and how a direct override of one is adopted.
 
 Every key below interpolates from the pack's vocabulary (layout.*, cluster.*), so no layout number is written twice.
-A user who types verl's own key (as verl's example scripts do, e.g. actor_rollout_ref.rollout.tensor_model_parallel_size=2)
-gets that value: it is adopted into the pack key it repeats, and the verl key interpolates again.
+A user who types verl's own key (as verl's example scripts do, e.g.
+actor_rollout_ref.rollout.tensor_model_parallel_size=2) gets that value: it is adopted into the pack key it
+repeats, and the verl key interpolates again.
 """
 
 from __future__ import annotations

@@ -2,11 +2,82 @@
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
 
-def run_plan(checked) -> int:
-    try:
-        from hybrid_engine.plan import build_plan  # noqa: F401
-    except ImportError:
-        print("action=plan: the planner is not available in this build; the config validated.")
-        return 0
-    raise NotImplementedError
+from omegaconf import DictConfig, OmegaConf
+
+from hybrid_engine.plan import ClusterSpec, Plan, PlanSettings, build_plan
+
+FORMATS = ("table", "json")
+
+
+def cluster_spec(cfg: DictConfig) -> ClusterSpec:
+    gpu = cfg.cluster.gpu
+    return ClusterSpec(nnodes=int(cfg.cluster.nnodes), gpus_per_node=int(cfg.cluster.gpus_per_node), gpu=str(gpu.name),
+                       memory_gib=float(gpu.memory_gib), nvlink_GBps=float(gpu.nvlink_GBps),
+                       network_GBps=float(gpu.network_GBps))
+
+
+def plan_settings(cfg: DictConfig) -> PlanSettings:
+    """The planner's inputs, read from the verl keys of the run's config."""
+    sel = lambda key, default=None: OmegaConf.select(cfg, key, default=default)  # noqa: E731
+    actor = "actor_rollout_ref.actor"
+    import warnings
+
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        has_critic, has_ref = bool(need_critic(cfg)), bool(need_reference_policy(cfg))
+    return PlanSettings(
+        strategy=str(cfg.strategy.name),
+        param_offload=bool(sel("offload.param", False)),
+        optimizer_offload=bool(sel("offload.optimizer", False)),
+        dtype="bfloat16",
+        max_prompt_length=int(sel("data.max_prompt_length")),
+        max_response_length=int(sel("data.max_response_length")),
+        ppo_max_token_len_per_gpu=int(sel(f"{actor}.ppo_max_token_len_per_gpu")),
+        log_prob_max_token_len_per_gpu=int(sel("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu")),
+        use_dynamic_bsz=bool(sel(f"{actor}.use_dynamic_bsz")),
+        ppo_micro_batch_size_per_gpu=int(sel(f"{actor}.ppo_micro_batch_size_per_gpu") or 1),
+        gradient_checkpointing=bool(sel("actor_rollout_ref.model.enable_gradient_checkpointing")),
+        gpu_memory_utilization=float(sel("actor_rollout_ref.rollout.gpu_memory_utilization")),
+        free_cache_engine=bool(sel("actor_rollout_ref.rollout.free_cache_engine")),
+        has_critic=has_critic,
+        has_ref=has_ref,
+        rollout_n=int(sel("actor_rollout_ref.rollout.n")),
+    )
+
+
+def make_plan(checked) -> Plan:
+    cfg = checked.cfg
+    return build_plan(checked.arch, checked.train, checked.infer, cluster_spec(cfg), plan_settings(cfg))
+
+
+def run_plan(checked, out=sys.stdout) -> int:
+    """Print the plan (table or JSON), draw the picture if asked; 2 when the plan or the config has errors."""
+    cfg = checked.cfg
+    fmt = OmegaConf.select(cfg, "plan.format", default="table")
+    if fmt not in FORMATS:
+        print(f"config error: plan.format: unknown format {fmt!r}; choose from {', '.join(FORMATS)}", file=sys.stderr)
+        return 2
+    plan = make_plan(checked)
+    for problem in checked.problems:
+        if problem not in plan.errors:
+            plan.errors.append(problem)
+    for warning in checked.warnings:
+        if warning not in plan.warnings:
+            plan.warnings.append(warning)
+    if fmt == "json":
+        print(json.dumps(plan.to_dict(), indent=2, default=str), file=out)
+    else:
+        print(plan.render_table(), file=out)
+    picture = OmegaConf.select(cfg, "plan.picture", default=None)
+    if picture:
+        path = Path(str(picture)).expanduser()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        plan.draw_picture(path)
+        print(f"rank grid written to {path}", file=sys.stderr if fmt == "json" else out)
+    return 2 if plan.errors else 0

@@ -30,6 +30,7 @@ class Checked:
     infer: InferLayout
     arch: ModelArch | None
     warnings: list[str]
+    problems: list[str]
 
 
 def _get(cfg: DictConfig, key: str, problems: list[str]):
@@ -258,6 +259,14 @@ def _verl_checks(cfg: DictConfig, problems: list[str]) -> None:
 
 def validate(cfg: DictConfig, *, run_verl: bool = True) -> Checked:
     """Check everything; raise ConfigError with every problem, or return what was established."""
+    checked = inspect(cfg, run_verl=run_verl)
+    if checked.problems:
+        raise ConfigError(checked.problems)
+    return checked
+
+
+def inspect(cfg: DictConfig, *, run_verl: bool = True) -> Checked:
+    """Check everything and return what was established with the problems found (verl's checks only when none)."""
     from recipes.layout_keys import adopt_direct_overrides
 
     notes, problems = adopt_direct_overrides(cfg)
@@ -285,14 +294,12 @@ def validate(cfg: DictConfig, *, run_verl: bool = True) -> Checked:
         if arch is not None and infer is not None:
             _check_model(arch, train, infer, OmegaConf.select(cfg, "strategy.name"), problems, warnings)
     if problems:
-        raise ConfigError(problems)
+        return Checked(cfg=cfg, train=train, infer=infer, arch=arch, warnings=warnings, problems=problems)
     resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     if run_verl:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         _verl_checks(_offline_stand_in(resolved, arch), problems)
-        if problems:
-            raise ConfigError(problems)
-    return Checked(cfg=resolved, train=train, infer=infer, arch=arch, warnings=warnings)
+    return Checked(cfg=resolved, train=train, infer=infer, arch=arch, warnings=warnings, problems=problems)
 
 
 def _safe(fn, default):

@@ -13,16 +13,20 @@ from recipes.launch import run_recipe
 
 # (recipe, argv, text the single error line must contain)
 BAD = [
-    ("grpo", ["parallel=tp9"], "parallel=tp9: no such option; choose from cpu, tp1, tp2, tp4, tp4pp2, tp8, tp8pp4"),
+    ("grpo", ["parallel=tp9"],
+     "parallel=tp9: no such option; choose from cpu, tp1, tp2, tp4, tp4pp2, tp8, tp8pp4"),
     ("grpo", ["kl=strict"], "kl=strict: no such option; choose from adaptive, fixed, ramp"),
     ("kl_ppo", ["model=gpt5"], "model=gpt5: no such option; choose from "),
     ("grpo", ["nccl=infiniband"], "nccl=infiniband: no such option"),
     ("grpo", ["actor_rollout_ref.actor.optim.lrr=3"],
      "actor_rollout_ref.actor.optim.lrr: no such key (did you mean actor_rollout_ref.actor.optim.lr?)"),
-    ("grpo", ["algorithm.adv_estimatr=gae"], "algorithm.adv_estimatr: no such key (did you mean algorithm.adv_estimator?)"),
+    ("grpo", ["algorithm.adv_estimatr=gae"],
+     "algorithm.adv_estimatr: no such key (did you mean algorithm.adv_estimator?)"),
     ("grpo", ["parallel=tp8pp4", "strategy=megatron"],
-     "layout.train: dp=-1 needs tp(8)*pp(4)*cp(1)=32 to divide world_size 8 (cluster.nnodes 1 * cluster.gpus_per_node 8)"),
-    ("grpo", ["parallel=tp1", "layout.train.cp=3"], "layout.train: dp=-1 needs tp(1)*pp(1)*cp(3)=3 to divide world_size 8"),
+     "layout.train: dp=-1 needs tp(8)*pp(4)*cp(1)=32 to divide world_size 8 "
+     "(cluster.nnodes 1 * cluster.gpus_per_node 8)"),
+    ("grpo", ["parallel=tp1", "layout.train.cp=3"],
+     "layout.train: dp=-1 needs tp(1)*pp(1)*cp(3)=3 to divide world_size 8"),
     ("kl_ppo", ["parallel=tp4pp2"], "layout.train.pp: pp(2) > 1 needs strategy=megatron"),
     ("grpo", ["parallel=tp2", "batching=fixed", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=7"],
      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu: the mini-batch per GPU, ppo_mini_batch_size(256) * "
@@ -86,7 +90,8 @@ def test_real_process_seed_layout_validates(tmp_path):
     proc = _run("recipes.kl_ppo", "parallel=tp8pp4", "strategy=megatron", "cluster.nnodes=4", "action=validate",
                 cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert "config OK: megatron train dp1 tp8 pp4 cp1 ep1 -> vllm infer tp4 pp1 x8 replicas on 4x8 h100_80g" in proc.stdout
+    expected = "config OK: megatron train dp1 tp8 pp4 cp1 ep1 -> vllm infer tp4 pp1 x8 replicas on 4x8 h100_80g"
+    assert expected in proc.stdout
     written = list((tmp_path / "runs" / "kl_ppo").glob("*/resolved_config.yaml"))
     assert len(written) == 1
     text = written[0].read_text()

@@ -1,0 +1,32 @@
+# klppo-recipes: `make help` lists the targets.
+SHELL := /bin/bash
+PYTHON ?= python
+
+.PHONY: help install demo test test-fast lint lock bench-plan
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+install:  ## install the pack for CPU (torch 2.13.0 CPU wheel, pinned deps, dev tools), editable
+	$(PYTHON) -m pip install torch==2.13.0
+	$(PYTHON) -m pip install -c requirements/cpu.lock -e ".[dev]"
+
+demo:  ## the embedded CPU demo: python -m recipes.grpo (verl's trainer, tiny model, no GPU)
+	$(PYTHON) -m recipes.grpo
+
+test:  ## the whole test suite, end-to-end CPU training included (what CI runs)
+	$(PYTHON) -m pytest -q
+
+test-fast:  ## the tests without the end-to-end training runs
+	$(PYTHON) -m pytest -q -m "not e2e"
+
+lint:  ## ruff
+	$(PYTHON) -m ruff check recipes hybrid_engine tests scripts
+
+lock:  ## re-resolve requirements/cpu.lock from pyproject.toml (needs uv)
+	uv pip compile pyproject.toml --extra dev -c <(echo torch==2.13.0) --python-version 3.11 --no-header \
+		--no-annotate | grep -vE '^(nvidia-|triton|cuda-|klppo)' > requirements/cpu.lock.new
+	mv requirements/cpu.lock.new requirements/cpu.lock
+
+bench-plan:  ## time the planner on a 671B MoE over 4096 GPUs and Qwen2-7B over 32
+	$(PYTHON) scripts/bench_plan.py
