@@ -102,10 +102,10 @@ DATA_TINY: dict[str, Any] = {
     # 8 prompts x rollout.n samples per step, one PPO mini-batch.
     "data.train_batch_size": 8,
     "actor_rollout_ref.actor.ppo_mini_batch_size": 8,
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 32,
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 32,
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 32,
-    "critic.ppo_micro_batch_size_per_gpu": 32,
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 16,
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 16,
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 16,
+    "critic.ppo_micro_batch_size_per_gpu": 16,
 }
 
 TRAINER_DEMO: dict[str, Any] = {

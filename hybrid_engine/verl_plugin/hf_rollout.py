@@ -49,7 +49,9 @@ logger = logging.getLogger(__name__)
 
 ROLLOUT_NAME = "hf"
 SYNC_WEIGHTS_ENV = "HYBRID_ENGINE_SYNC_WEIGHTS"
-_BATCH_WINDOW_S = 0.005  # how long the server waits for more requests before it starts a batch
+# A batch starts once no request arrived for _BATCH_QUIET_S, or _BATCH_MAX_WAIT_S after its first request.
+_BATCH_QUIET_S = 0.01
+_BATCH_MAX_WAIT_S = 0.05
 
 
 def weight_sync_enabled() -> bool:
@@ -129,8 +131,14 @@ class HFServer:
         )
 
     async def _run_batches(self) -> None:
+        loop = asyncio.get_running_loop()
         while self._pending:
-            await asyncio.sleep(_BATCH_WINDOW_S)
+            started = loop.time()
+            while True:
+                seen = len(self._pending)
+                await asyncio.sleep(_BATCH_QUIET_S)
+                if len(self._pending) == seen or loop.time() - started >= _BATCH_MAX_WAIT_S:
+                    break
             pending, self._pending = self._pending, []
             groups: dict[tuple, list] = {}
             for item in pending:

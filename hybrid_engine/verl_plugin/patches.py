@@ -11,6 +11,8 @@ what                                        why
                                             classes run on the CPU.
 ``transformer_impl.CPUOffloadPolicy``       the forward-only ref model gets ``CPUOffloadPolicy(pin_memory=True)``;
                                             pinning needs an accelerator, so on the CPU it is built unpinned.
+``load_valuehead_model``                    the critic's value model is loaded with a hard-coded
+                                            ``attn_implementation="flash_attention_2"``; on the CPU it uses sdpa.
 ``initialize_global_process_group_ray``     verl asks torch for ``"cpu:gloo,<device>:<backend>"``, which is
                                             ``"cpu:gloo,cpu:gloo"`` on the CPU: torch rejects the duplicate.
 ==========================================  ===================================================================
@@ -176,6 +178,29 @@ def _gloo_process_group(distributed) -> None:
     distributed.initialize_global_process_group_ray = initialize_global_process_group_ray
 
 
+def _sdpa_value_model(model_utils) -> None:
+    require_supported_verl()
+    original = model_utils.load_valuehead_model
+    if getattr(original, "_hybrid_engine_sdpa", False):
+        return
+
+    @functools.wraps(original)
+    def load_valuehead_model(local_path, torch_dtype, model_config, trust_remote_code):
+        from transformers import AutoModelForTokenClassification
+
+        # verl's first choice (a token-classification head with one label), with sdpa instead of flash-attention.
+        return AutoModelForTokenClassification.from_pretrained(
+            pretrained_model_name_or_path=local_path,
+            torch_dtype=torch_dtype,
+            config=model_config,
+            attn_implementation="sdpa",
+            trust_remote_code=trust_remote_code,
+        )
+
+    load_valuehead_model._hybrid_engine_sdpa = True
+    model_utils.load_valuehead_model = load_valuehead_model
+
+
 def apply_rollout_patches() -> None:
     """Make ``rollout.name=hf`` resolvable in verl's workers. Additive: other rollouts are untouched."""
     require_supported_verl()
@@ -186,5 +211,6 @@ def apply_cpu_patches() -> None:
     """What verl's CPU run needs beyond the platform. Only called when the CPU platform is wanted."""
     require_supported_verl()
     when_imported("verl.utils.distributed", _gloo_process_group)
+    when_imported("verl.utils.model", _sdpa_value_model)
     when_imported("verl.workers.engine", _register_cpu_engines)
     when_imported("verl.workers.engine.fsdp.transformer_impl", _unpinned_cpu_offload)
