@@ -66,7 +66,8 @@ memory_reserved = memory_allocated
 
 
 def max_memory_allocated(device=None) -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux; the kernel updates it lazily
+    return max(peak, memory_allocated())
 
 
 max_memory_reserved = max_memory_allocated

@@ -133,6 +133,8 @@ CPU_VERL_OVERRIDES: dict[str, Any] = {key: value for group in GROUPS.values() fo
 
 GRPO_DEMO: dict[str, Any] = {
     "algorithm.adv_estimator": "grpo",
+    # GRPO's baseline is the group mean: no critic (said explicitly, verl warns when it has to infer it).
+    "critic.enable": False,
     # GRPO's group: 4 samples per prompt.
     "actor_rollout_ref.rollout.n": 4,
     "actor_rollout_ref.actor.use_kl_loss": False,
@@ -141,6 +143,8 @@ GRPO_DEMO: dict[str, Any] = {
 
 KL_PPO_DEMO: dict[str, Any] = {
     "algorithm.adv_estimator": "gae",
+    # PPO's baseline is a learned value model (the critic, a fourth FSDP model on the same ranks).
+    "critic.enable": True,
     "actor_rollout_ref.rollout.n": 1,
     # KL to the reference policy both as a reward penalty and as a loss term (the reference is a third model).
     "algorithm.use_kl_in_reward": True,

@@ -1,0 +1,383 @@
+"""The verl plugin on the CPU: platform, version gate, patches, the ``hf`` rollout pieces, the override list.
+
+Everything here runs in this process (no Ray); ``tests/e2e/test_verl_cpu.py`` runs verl's trainer end to end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import verl  # noqa: F401  (imports the plugin through the verl.plugins entry point)
+from hybrid_engine.verl_plugin import cpu_device, patches
+from hybrid_engine.verl_plugin.platform import PlatformCPU, accelerator_build, cpu_platform_wanted
+
+cpu_build_only = pytest.mark.skipif(accelerator_build() is not None, reason="torch has an accelerator build")
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    from hybrid_engine.assets import ensure_tiny_assets
+
+    return ensure_tiny_assets(tmp_path_factory.mktemp("assets"))
+
+
+def compose_verl(assets, algo: str = "grpo", world_size: int = 1):
+    """verl's own config tree with the pack's CPU overrides, as ``main_ppo`` would see it."""
+    from hydra import compose, initialize_config_dir
+
+    from hybrid_engine.verl_plugin.demo_run import demo_overrides
+
+    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        return compose("ppo_trainer", overrides=demo_overrides(assets, algo=algo, world_size=world_size, steps=3))
+
+
+# ---- platform ----------------------------------------------------------------------------------------------------
+
+
+@cpu_build_only
+def test_cpu_platform_is_registered_and_chosen():
+    from verl.plugin.platform import PlatformRegistry, get_platform
+    from verl.utils import device
+
+    assert PlatformRegistry.get("cpu") is PlatformCPU
+    assert cpu_platform_wanted()
+    platform = get_platform()
+    assert isinstance(platform, PlatformCPU)
+    assert (platform.device_name, platform.communication_backend_name(), platform.current_device()) == (
+        "cpu",
+        "gloo",
+        "cpu",
+    )
+    assert isinstance(PlatformCPU.__dict__["device_module"], property)
+    assert platform.device_module is cpu_device
+    assert (device.get_device_name(), device.get_nccl_backend(), device.get_device_id()) == ("cpu", "gloo", "cpu")
+    assert device.get_resource_name() == "GPU"  # logical GPUs in Ray, see cpu_overrides
+
+
+def test_cpu_device_module_has_what_verl_calls():
+    calls = ["empty_cache", "synchronize", "is_available", "current_stream", "set_device", "mem_get_info",
+             "device_count", "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+             "get_rng_state", "set_rng_state", "manual_seed", "ipc_collect", "set_per_process_memory_fraction",
+             "get_device_name", "reset_peak_memory_stats"]  # fmt: skip
+    for name in calls:
+        assert callable(getattr(cpu_device, name)), name
+    free, total = cpu_device.mem_get_info()
+    assert 0 < free <= total
+    assert cpu_device.max_memory_allocated() >= cpu_device.memory_allocated() > 0
+    state = cpu_device.get_rng_state()
+    first = torch.rand(3)
+    cpu_device.set_rng_state(state)
+    assert torch.equal(first, torch.rand(3))
+
+
+def test_cpu_platform_is_not_wanted_with_an_accelerator_build(monkeypatch):
+    monkeypatch.delenv("VERL_PLATFORM", raising=False)
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    assert accelerator_build() == "cuda"
+    assert not cpu_platform_wanted()
+    monkeypatch.setenv("VERL_PLATFORM", "cpu")
+    assert cpu_platform_wanted()
+
+
+@pytest.mark.slow
+def test_importing_the_plugin_with_cuda_changes_nothing():
+    """With a CUDA build of torch, importing verl (and so the plugin) registers no CPU platform and patches nothing."""
+    probe = textwrap.dedent(
+        """
+        import os, torch
+        torch.version.cuda = "12.4"          # what a CUDA build reports
+        os.environ.pop("VERL_PLATFORM", None)
+        import verl
+        from verl.plugin.platform import PlatformRegistry
+        import verl.utils.distributed as dist, verl.utils.model as model
+        from verl.workers.rollout.replica import RolloutReplicaRegistry
+        assert "cpu" not in PlatformRegistry.registered_names(), PlatformRegistry.registered_names()
+        assert "VERL_PLATFORM" not in os.environ
+        assert not hasattr(dist.initialize_global_process_group_ray, "_hybrid_engine_gloo")
+        assert not hasattr(model.load_valuehead_model, "_hybrid_engine_sdpa")
+        assert "hf" in RolloutReplicaRegistry._registry   # additive: a new backend name, nothing else changes
+        print("OK")
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "VERL_PLATFORM"}
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]
+
+
+# ---- version gate ------------------------------------------------------------------------------------------------
+
+
+def test_installed_verl_is_the_supported_one():
+    assert patches.require_supported_verl() == patches.SUPPORTED_VERL == "0.9.1"
+
+
+def test_another_verl_version_is_refused_with_both_versions_named(monkeypatch):
+    with pytest.raises(patches.UnsupportedVerlError) as error:
+        patches.require_supported_verl(found="0.10.0")
+    message = str(error.value)
+    assert "found verl==0.10.0" in message and "verl==0.9.1" in message
+    assert isinstance(error.value, RuntimeError)
+
+    monkeypatch.setattr(patches, "installed_verl_version", lambda: "0.8.2")
+    for apply in (patches.apply_cpu_patches, patches.apply_rollout_patches):
+        with pytest.raises(patches.UnsupportedVerlError, match=r"found verl==0\.8\.2"):
+            apply()
+    from hybrid_engine import verl_plugin
+
+    with pytest.raises(patches.UnsupportedVerlError, match=r"supports verl==0\.9\.1 only"):
+        verl_plugin.install()
+
+
+# ---- patches -----------------------------------------------------------------------------------------------------
+
+
+@cpu_build_only
+def test_cpu_patches_are_in_place():
+    import verl.utils.distributed as distributed
+    import verl.utils.model as model_utils
+    from verl.workers.engine import EngineRegistry
+    from verl.workers.engine.fsdp import transformer_impl
+    from verl.workers.rollout.base import get_rollout_class
+    from verl.workers.rollout.replica import get_rollout_replica_class
+
+    from hybrid_engine.verl_plugin.hf_rollout import HFReplica, HFRolloutAdapter
+
+    assert EngineRegistry.get_engine_cls("language_model", "fsdp2") is transformer_impl.FSDPEngineWithLMHead
+    assert EngineRegistry.get_engine_cls("value_model", "fsdp2") is transformer_impl.FSDPEngineWithValueHead
+    assert transformer_impl.CPUOffloadPolicy(pin_memory=True).pin_memory is False
+    assert distributed.initialize_global_process_group_ray._hybrid_engine_gloo
+    assert model_utils.load_valuehead_model._hybrid_engine_sdpa
+    assert get_rollout_replica_class("hf") is HFReplica
+    assert get_rollout_class("hf", "async") is HFRolloutAdapter
+
+
+@cpu_build_only
+def test_value_model_loads_with_sdpa(assets):
+    import verl.utils.model as model_utils
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(assets.model_dir, num_labels=1)
+    model = model_utils.load_valuehead_model(assets.model_dir, torch.float32, config, False)
+    assert model.config._attn_implementation == "sdpa"
+    values = model(input_ids=torch.tensor([[2, 5, 7]])).logits
+    assert values.shape == (1, 3, 1)
+
+
+def test_when_imported_runs_after_the_first_import_and_at_once_later(tmp_path, monkeypatch):
+    (tmp_path / "late_module_for_test.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    calls = []
+    patches.when_imported("late_module_for_test", lambda module: calls.append(module.VALUE))
+    assert calls == []
+    import late_module_for_test  # noqa: F401
+
+    assert calls == [1]
+    patches.when_imported("late_module_for_test", lambda module: calls.append(module.VALUE + 1))
+    assert calls == [1, 2]
+    sys.modules.pop("late_module_for_test", None)
+
+
+# ---- the hf rollout ----------------------------------------------------------------------------------------------
+
+
+def test_hand_off_drains_every_rank_and_copies_on_the_sender():
+    from hybrid_engine.verl_plugin.hf_rollout import hand_off_weights
+
+    live = {"a": torch.ones(2), "b": torch.zeros(3)}
+    drained = []
+
+    def stream():
+        for name, tensor in live.items():
+            drained.append(name)
+            yield name, tensor
+
+    assert hand_off_weights(stream(), keep=False) is None
+    assert drained == ["a", "b"]  # a non-sending rank still runs every all-gather
+    state = hand_off_weights(stream(), keep=True)
+    live["a"].add_(5)
+    assert torch.equal(state["a"], torch.ones(2)) and set(state) == {"a", "b"}
+
+
+@pytest.mark.parametrize(("value", "enabled"), [(None, True), ("1", True), ("0", False), ("false", False)])
+def test_weight_sync_switch(monkeypatch, value, enabled):
+    from hybrid_engine.verl_plugin.hf_rollout import SYNC_WEIGHTS_ENV, weight_sync_enabled
+
+    if value is None:
+        monkeypatch.delenv(SYNC_WEIGHTS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(SYNC_WEIGHTS_ENV, value)
+    assert weight_sync_enabled() is enabled
+
+
+class _FakeServer:
+    """Stands in for the Ray actor handle: ``server.method.remote(...)`` returns an awaitable."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        server = self
+
+        class _Method:
+            @staticmethod
+            def remote(*args):
+                server.calls.append((name, args))
+                future = asyncio.get_event_loop().create_future()
+                future.set_result(None)
+                return future
+
+        return _Method
+
+
+def _adapter(compose_cfg, monkeypatch, *, rank: int, tp: int = 1, sync: bool = True):
+    from hybrid_engine.verl_plugin.hf_rollout import SYNC_WEIGHTS_ENV, HFRolloutAdapter
+
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv(SYNC_WEIGHTS_ENV, "1" if sync else "0")
+    rollout = compose_cfg.actor_rollout_ref.rollout
+    rollout.tensor_model_parallel_size = tp
+    adapter = HFRolloutAdapter(rollout, compose_cfg.actor_rollout_ref.model, device_mesh=None)
+    adapter._server = _FakeServer()
+    return adapter
+
+
+@pytest.fixture(scope="module")
+def composed(assets):
+    return compose_verl(assets)
+
+
+def _weights():
+    yield "w", torch.ones(2)
+    yield "v", torch.zeros(1)
+
+
+def test_adapter_sends_full_weights_and_the_step_from_the_replica_leader(composed, monkeypatch):
+    adapter = _adapter(composed, monkeypatch, rank=0)
+    asyncio.run(adapter.update_weights(_weights(), global_steps=7, peft_config=None, base_sync_done=True))
+    [(method, (state, steps))] = adapter._server.calls
+    assert method == "update_weights" and steps == 7 and set(state) == {"w", "v"}
+
+
+def test_adapter_on_a_non_leader_rank_drains_but_sends_nothing(composed, monkeypatch):
+    adapter = _adapter(composed, monkeypatch, rank=3, tp=2)
+    assert (adapter.replica_rank, adapter.rollout_rank) == (1, 1)
+    stream = _weights()
+    asyncio.run(adapter.update_weights(stream, global_steps=7))
+    assert adapter._server.calls == [] and next(stream, None) is None
+
+
+def test_adapter_with_sync_off_only_advances_the_step(composed, monkeypatch):
+    adapter = _adapter(composed, monkeypatch, rank=0, sync=False)
+    asyncio.run(adapter.update_weights(_weights(), global_steps=4))
+    assert adapter._server.calls == [("set_global_steps", (4,))]
+    with pytest.raises(NotImplementedError, match="named_tensors"):
+        asyncio.run(adapter.update_weights(_weights(), wire_format="delta_flush"))
+
+
+@pytest.fixture(scope="module")
+def server(composed):
+    from hybrid_engine.verl_plugin.hf_rollout import HFServer
+
+    return HFServer(composed.actor_rollout_ref.rollout, composed.actor_rollout_ref.model, replica_rank=0)
+
+
+def test_server_generates_with_log_probs_that_match_a_forward_pass(server):
+    prompt = [2, 352, 201, 21, 13, 22, 31, 1, 201, 2, 361, 201]
+    out = asyncio.run(server.generate(prompt, {"temperature": 1.0, "logprobs": True, "max_tokens": 8}, "r0"))
+    assert 1 <= len(out.token_ids) <= 8 and len(out.log_probs) == len(out.token_ids)
+    assert "global_steps" in out.extra_fields and out.stop_reason == "completed"
+    if len(out.token_ids) < 8:
+        assert out.token_ids[-1] in server.eos_token_ids
+    with torch.no_grad():
+        logits = server.model(input_ids=torch.tensor([prompt + out.token_ids])).logits[0, len(prompt) - 1 : -1]
+    expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(out.token_ids)[:, None]).squeeze(-1)
+    torch.testing.assert_close(torch.tensor(out.log_probs), expected, atol=1e-5, rtol=0)
+
+
+def test_server_batches_concurrent_requests_and_answers_each(server, monkeypatch):
+    batches = []
+    original = server._generate_batch
+    monkeypatch.setattr(server, "_generate_batch", lambda prompts, key: batches.append(len(prompts)) or original(prompts, key))
+    prompts = [[2, 352, 201, 21 + i, 13, 22, 31, 1, 201, 2, 361, 201][: 6 + i] for i in range(6)]
+
+    async def many():
+        return await asyncio.gather(
+            *[server.generate(p, {"temperature": 0, "max_tokens": 4}, f"r{i}") for i, p in enumerate(prompts)]
+        )
+
+    outs = asyncio.run(many())
+    assert sum(batches) == 6 and len(batches) <= 2
+    assert all(1 <= len(out.token_ids) <= 4 and out.log_probs is None for out in outs)
+    single = asyncio.run(server.generate(prompts[3], {"temperature": 0, "max_tokens": 4}, "again"))
+    assert single.token_ids == outs[3].token_ids  # greedy, left padding does not change the answer
+
+
+def test_server_loads_handed_off_weights_and_tags_the_step(server):
+    before = asyncio.run(server.get_state())
+    state = {name: tensor + 0.01 for name, tensor in server.model.state_dict().items()}
+    assert asyncio.run(server.update_weights(state, global_steps=3)) == len(state)
+    after = asyncio.run(server.get_state())
+    assert after["weight_version"] == before["weight_version"] + 1 and after["global_steps"] == 3
+    assert after["checksum"] != before["checksum"]
+    out = asyncio.run(server.generate([2, 352, 201], {"temperature": 0, "max_tokens": 2}, "r"))
+    assert out.extra_fields["global_steps"] == 3
+    with pytest.raises(RuntimeError, match="does not match the model"):
+        asyncio.run(server.update_weights({"nonsense.weight": torch.zeros(1)}))
+
+
+def test_server_lifecycle_calls_are_no_ops(server):
+    async def lifecycle():
+        await server.wake_up(tags=["weights"])
+        await server.sleep()
+        await server.clear_kv_cache()
+        await server.release_kv_cache()
+        await server.resume_kv_cache()
+        await server.resume_generation()
+        await server.wait_for_requests_to_drain()
+        await server.start_profile()
+        await server.stop_profile()
+        await server.set_global_steps(9)
+        return await server.abort_all_requests(reject_request=True)
+
+    assert asyncio.run(lifecycle())["aborted_count"] == 0
+    assert server.global_steps == 9
+
+
+# ---- the override list -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("algo", "world_size"), [("grpo", 1), ("grpo", 2), ("kl_ppo", 1)])
+def test_cpu_overrides_compose_on_verls_tree_and_pass_its_validator(assets, algo, world_size):
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    config = compose_verl(assets, algo=algo, world_size=world_size)
+    validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    assert config.actor_rollout_ref.rollout.name == "hf" and config.trainer.device == "cpu"
+    assert config.trainer.n_gpus_per_node == config.ray_kwargs.ray_init.num_gpus == world_size
+    assert config.actor_rollout_ref.model.path == str(assets.model_dir)
+    assert need_critic(config) is (algo == "kl_ppo")
+
+
+def test_every_override_has_a_comment():
+    """The lead turns the groups into Hydra options: each key carries its reason."""
+    from pathlib import Path
+
+    from hybrid_engine.verl_plugin import cpu_overrides
+
+    source = Path(cpu_overrides.__file__).read_text().splitlines()
+    for group_name, group in cpu_overrides.GROUPS.items():
+        if group_name.startswith("trainer"):
+            continue
+        for key in group:
+            line = next(i for i, text in enumerate(source) if text.strip().startswith(f'"{key}"'))
+            above = source[line - 1].strip()
+            assert above.startswith("#") or source[line - 2].strip().startswith("#") or above.startswith('"'), key
