@@ -96,6 +96,8 @@ DATA_TINY: dict[str, Any] = {
     "data.val_files": "{val_parquet}",
     "reward.custom_reward_function.path": "{reward_py}",
     "reward.custom_reward_function.name": "{reward_fn}",
+    # Fixed prompt order (verl shuffles with an unseeded generator when data.seed is null).
+    "data.seed": 0,
     # ChatML prompts are ~12 tokens; a short response budget keeps a step well under a second of generation.
     "data.max_prompt_length": 32,
     "data.max_response_length": 16,
