@@ -23,6 +23,8 @@ __all__ = [
     "world_size",
 ]
 
+_FP32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+
 PARALLEL_CPU: dict[str, Any] = {
     # The CPU platform (registered by the plugin) names the device "cpu"; verl would otherwise keep "cuda".
     "trainer.device": "cpu",
@@ -40,9 +42,9 @@ PARALLEL_CPU: dict[str, Any] = {
     "actor_rollout_ref.actor.strategy": "fsdp2",
     "critic.strategy": "fsdp2",
     # Full fp32: bf16 autocast on the CPU is slow and would open a gap between rollout and actor log-probs.
-    "+actor_rollout_ref.actor.fsdp_config.mixed_precision": {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
-    "+actor_rollout_ref.ref.fsdp_config.mixed_precision": {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
-    "+critic.fsdp.mixed_precision": {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
+    "+actor_rollout_ref.actor.fsdp_config.mixed_precision": _FP32,
+    "+actor_rollout_ref.ref.fsdp_config.mixed_precision": _FP32,
+    "+critic.fsdp.mixed_precision": _FP32,
     "actor_rollout_ref.ref.fsdp_config.model_dtype": "fp32",
     # torch.compile on the CPU needs a C++ toolchain and minutes of compile time for a model that runs in ms.
     "actor_rollout_ref.actor.use_torch_compile": False,

@@ -29,7 +29,6 @@ from typing import Any
 
 import ray
 import torch
-
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
@@ -336,7 +335,9 @@ class HFRolloutAdapter(BaseRollout):
     async def release(self) -> None:
         return None
 
-    async def update_weights(self, weights, global_steps: int | None = None, wire_format: str = "named_tensors", **kwargs):
+    async def update_weights(
+        self, weights, global_steps: int | None = None, wire_format: str = "named_tensors", **kwargs
+    ):
         if wire_format != "named_tensors":
             raise NotImplementedError(f"the hf rollout takes wire_format='named_tensors', got {wire_format!r}")
         if kwargs.get("peft_config") is not None:

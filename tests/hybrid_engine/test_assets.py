@@ -73,7 +73,9 @@ def test_tokenizer_has_what_verls_qwen_builder_needs(assets):
     assert len(tokenizer.encode("\n", add_special_tokens=False)) == 1
     assert tokenizer.encode("<|im_end|>", add_special_tokens=False) == [tokenizer.eos_token_id] == [1]
     assert tokenizer.pad_token == "<|endoftext|>" and tokenizer.pad_token_id == 0
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "3+4="}], add_generation_prompt=True, tokenize=False)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "3+4="}], add_generation_prompt=True, tokenize=False
+    )
     assert text == "<|im_start|>user\n3+4=<|im_end|>\n<|im_start|>assistant\n"
     ids = tokenizer.apply_chat_template([{"role": "user", "content": "3+4="}], add_generation_prompt=True)
     ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids

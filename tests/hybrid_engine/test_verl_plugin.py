@@ -13,8 +13,8 @@ import textwrap
 
 import pytest
 import torch
-
 import verl  # noqa: F401  (imports the plugin through the verl.plugins entry point)
+
 from hybrid_engine.verl_plugin import cpu_device, patches
 from hybrid_engine.verl_plugin.platform import PlatformCPU, accelerator_build, cpu_platform_wanted
 
@@ -305,7 +305,12 @@ def test_server_generates_with_log_probs_that_match_a_forward_pass(server):
 def test_server_batches_concurrent_requests_and_answers_each(server, monkeypatch):
     batches = []
     original = server._generate_batch
-    monkeypatch.setattr(server, "_generate_batch", lambda prompts, key: batches.append(len(prompts)) or original(prompts, key))
+
+    def counting(prompts, key):
+        batches.append(len(prompts))
+        return original(prompts, key)
+
+    monkeypatch.setattr(server, "_generate_batch", counting)
     prompts = [[2, 352, 201, 21 + i, 13, 22, 31, 1, 201, 2, 361, 201][: 6 + i] for i in range(6)]
 
     async def many():
