@@ -4,7 +4,7 @@ Nothing comes from a model or dataset hub: everything is built here, determinist
 and cached under ``$PACK_DATA_DIR`` or else ``~/.cache/klppo-recipes``::
 
     from hybrid_engine.assets import ensure_tiny_assets
-    assets = ensure_tiny_assets()          # builds once (~2 s), then returns the cached paths
+    assets = ensure_tiny_assets()          # builds once (seconds), then returns the cached paths
     assets.model_dir, assets.train_parquet, assets.reward_py, assets.reward_fn
 
 - model: ``Qwen2ForCausalLM`` with the architecture of ``hybrid_engine/model_configs/tiny`` (hidden 64, 2 layers,
@@ -52,6 +52,12 @@ _N_VAL = 32
 _MAX_OPERAND = 49
 _N_ARITH_LINES = 4000  # tokenizer corpus: arithmetic lines ...
 _N_WORD_LINES = 600  # ... and lines of English words
+_WORDS = (
+    "the a an is are was be to of and in on at for with as by from that this it not or but if then so what which "
+    "who how when where why answer question number sum plus equals add result user assistant system one two three "
+    "four five six seven eight nine ten zero hello world model token reward learn step train value policy actor "
+    "critic ratio clip loss"
+).split()
 _DONE = "ASSETS_OK.json"
 
 
@@ -141,14 +147,6 @@ def _build(folder: Path) -> None:
     _build_model(paths.model_dir, vocab_size=len(tokenizer))
     _build_data(paths)
     (folder / _DONE).write_text(json.dumps({"build_key": _build_key(), "vocab_size": len(tokenizer)}, indent=2))
-
-
-_WORDS = (
-    "the a an is are was be to of and in on at for with as by from that this it not or but if then so what which "
-    "who how when where why answer question number sum plus equals add result user assistant system one two three "
-    "four five six seven eight nine ten zero hello world model token reward learn step train value policy actor "
-    "critic ratio clip loss"
-).split()
 
 
 def _corpus(rng: random.Random) -> list[str]:

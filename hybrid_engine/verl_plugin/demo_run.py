@@ -18,7 +18,9 @@ from pathlib import Path
 
 import psutil
 
-__all__ = ["RunResult", "demo_overrides", "run_main_ppo"]
+__all__ = ["RunResult", "demo_overrides", "loud_plugin_env", "run_main_ppo"]
+
+PLUGIN_MODULE = "hybrid_engine.verl_plugin"
 
 _SAMPLE_EVERY_S = 0.25
 
@@ -67,6 +69,16 @@ def demo_overrides(assets, *, algo: str = "grpo", world_size: int = 1, steps: in
     ) + list(extra)
 
 
+def loud_plugin_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with the plugin in ``VERL_USE_EXTERNAL_MODULES``: verl then imports it in every process *without*
+    swallowing errors (its entry-point loader logs them at debug level), and it is loaded even where the pack's entry
+    point is not installed. Importing it twice is a no-op."""
+    modules = [name for name in env.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if name]
+    if PLUGIN_MODULE not in modules:
+        modules.append(PLUGIN_MODULE)
+    return {**env, "VERL_USE_EXTERNAL_MODULES": ",".join(modules)}
+
+
 def _tree(root: psutil.Process) -> list[psutil.Process]:
     try:
         return [root, *root.children(recursive=True)]
@@ -95,6 +107,7 @@ def run_main_ppo(
         HYDRA_FULL_ERROR="1",
     )
     run_env.update(env or {})
+    run_env = loud_plugin_env(run_env)
     command = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
     baseline_used = psutil.virtual_memory().used
     seen: dict[int, psutil.Process] = {}

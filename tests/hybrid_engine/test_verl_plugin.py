@@ -386,3 +386,22 @@ def test_every_override_has_a_comment():
             line = next(i for i, text in enumerate(source) if text.strip().startswith(f'"{key}"'))
             above = source[line - 1].strip()
             assert above.startswith("#") or source[line - 2].strip().startswith("#") or above.startswith('"'), key
+
+
+@pytest.mark.slow
+def test_another_verl_fails_loudly_when_the_plugin_is_an_external_module():
+    """With VERL_USE_EXTERNAL_MODULES (what demo_run sets), ``import verl`` itself raises the refusal."""
+    from hybrid_engine.verl_plugin.demo_run import loud_plugin_env
+
+    probe = textwrap.dedent(
+        """
+        import importlib.metadata as metadata
+        real = metadata.version
+        metadata.version = lambda name: "0.10.0" if name == "verl" else real(name)
+        import verl
+        """
+    )
+    env = loud_plugin_env({k: v for k, v in os.environ.items() if k != "VERL_USE_EXTERNAL_MODULES"})
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode != 0
+    assert "UnsupportedVerlError" in result.stderr and "found verl==0.10.0" in result.stderr
