@@ -1,0 +1,49 @@
+"""The 3D-HybridEngine's resharding executor: training shards -> generation shards on torch.distributed.
+
+- ``shards``: a rank's training shards (Megatron-style TP/PP with fused qkv / gate_up, or FSDP2 ``Shard(0)``) and
+  deterministic weight sources to build them.
+- ``exchange``: the exchange plan (who sends which box to whom) of each scheme, computed alike on every rank.
+- ``executor``: ``Resharder`` runs it with all-gathers / all-to-alls and streams ``(hf_name, tensor)``;
+  ``stream_to_feeders`` is the weight hand-off for a rollout fed by one rank per replica.
+- ``stats``: bytes, times and memory as measured, and the planner's numbers beside them.
+- ``mode_switch``: ``ModeSwitch.generation(...)``, the training <-> generation context manager (RNG states, weights).
+
+Nothing here runs at import time; torch is imported, transformers is not.
+"""
+
+from hybrid_engine.reshard.exchange import SCHEME_NAMES, Scheme, make_buckets, simulate
+from hybrid_engine.reshard.executor import DEFAULT_BUCKET_BYTES, Resharder, stream_to_feeders
+from hybrid_engine.reshard.mode_switch import GenerationContext, ModeSwitch, RngState
+from hybrid_engine.reshard.shards import (
+    LocalShards,
+    fsdp_shards,
+    fsdp_shards_from_state_dict,
+    megatron_shards,
+    state_dict_source,
+    synthetic_source,
+    synthetic_tensor,
+)
+from hybrid_engine.reshard.stats import PlannedBytes, ReshardStats, planned_bytes
+
+__all__ = [
+    "DEFAULT_BUCKET_BYTES",
+    "SCHEME_NAMES",
+    "GenerationContext",
+    "LocalShards",
+    "ModeSwitch",
+    "PlannedBytes",
+    "ReshardStats",
+    "Resharder",
+    "RngState",
+    "Scheme",
+    "fsdp_shards",
+    "fsdp_shards_from_state_dict",
+    "make_buckets",
+    "megatron_shards",
+    "planned_bytes",
+    "simulate",
+    "state_dict_source",
+    "stream_to_feeders",
+    "synthetic_source",
+    "synthetic_tensor",
+]

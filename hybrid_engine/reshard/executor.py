@@ -1,0 +1,334 @@
+"""The resharding executor on torch.distributed: training shards in, this rank's generation weights out.
+
+``Resharder(spec, groups, scheme)`` is built on every rank (collectively: it creates the process groups the scheme
+needs, the same on all ranks). ``stream(shards)`` walks the model in buckets; for each bucket it runs the scheme's
+steps (``exchange.Scheme``): generation tensors are views of the rank's own storage where they can be, else new
+tensors with the rank's own part copied in; then one all-gather per group (an all-gather into one flat buffer whose
+own slot the rank packs in place; a broadcast when only one member contributes) and, where the plan has any, one
+all-to-all; then it yields ``(hf_name, tensor)`` and drops its references. Every rank must exhaust
+the stream, also a rank that yields nothing (the collectives run inside it).
+
+Uneven contributions travel in equal padded slots (gloo has no uneven all-gather); ``stats.received_bytes`` counts
+the payload (equal to the planner's bytes), ``stats.wire_bytes`` the padded slots. The backend is whatever
+torch.distributed was initialised with: gloo on CPU tensors, NCCL on CUDA tensors.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+
+from hybrid_engine.groups import HybridGroups, hybrid_groups
+from hybrid_engine.layout import InferLayout, TrainLayout
+from hybrid_engine.model_spec import ModelSpec
+from hybrid_engine.reshard.exchange import (
+    Exchange,
+    Gather,
+    Scheme,
+    allocate_outputs,
+    make_buckets,
+    pack_cells,
+    unpack_cells,
+)
+from hybrid_engine.reshard.shards import LocalShards, contains, fsdp_shards_from_state_dict
+from hybrid_engine.reshard.stats import MemoryTracker, PlannedBytes, ReshardStats, planned_bytes
+
+__all__ = ["DEFAULT_BUCKET_BYTES", "Resharder", "stream_to_feeders"]
+
+DEFAULT_BUCKET_BYTES = 64 << 20
+"""Full bytes of the tensors one bucket moves (a larger tensor is a bucket of its own)."""
+
+_PROCESS_GROUPS: dict[tuple[int, ...], object] = {}
+
+
+def _all_gather_into(output: torch.Tensor, input_: torch.Tensor, group) -> None:
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(output, input_, group=group)
+
+
+def _process_group(members: tuple[int, ...]):
+    """The process group of ``members``; the world's is the default group."""
+    if len(members) == dist.get_world_size():
+        return None
+    return _PROCESS_GROUPS[members]
+
+
+def _create_process_groups(groups: Sequence[tuple[int, ...]]) -> None:
+    """Create (once per process) the groups not yet made; every rank calls this with the same list."""
+    world = dist.get_world_size()
+    for members in groups:
+        if len(members) in (1, world) or members in _PROCESS_GROUPS:
+            continue
+        _PROCESS_GROUPS[members] = dist.new_group(list(members))
+
+
+class Resharder:
+    """Streams one rank's generation weights out of its training shards under ``scheme`` (see ``exchange``).
+
+    ``bucket_bytes``: full bytes of the tensors moved per round (None or 0: the whole model in one round); the
+    executor's extra memory is about the generation share of one bucket plus its receive buffer.
+    """
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        groups: HybridGroups,
+        scheme: str,
+        *,
+        rank: int | None = None,
+        bucket_bytes: int | None = DEFAULT_BUCKET_BYTES,
+        feeders: Sequence[int] | None = None,
+    ):
+        if not dist.is_initialized():
+            raise RuntimeError("Resharder needs torch.distributed to be initialised (gloo on CPU, nccl on GPU)")
+        if dist.get_world_size() != groups.world_size:
+            raise ValueError(f"layouts have {groups.world_size} ranks, torch.distributed has {dist.get_world_size()}")
+        self.spec, self.groups = spec, groups
+        self.scheme = Scheme(scheme, spec, groups, feeders)
+        self.rank = dist.get_rank() if rank is None else rank
+        self.bucket_bytes = bucket_bytes
+        self.stats: ReshardStats | None = None
+        self._a2a_cache: dict[int, tuple] = {}
+        _create_process_groups(self.scheme.all_groups())
+
+    @property
+    def name(self) -> str:
+        return self.scheme.name
+
+    def target_box(self, name: str):
+        """Where the tensor yielded as ``name`` sits in the full HF tensor (one (lo, hi) per dim)."""
+        for step in reversed(range(len(self.scheme.steps))):
+            box = self.scheme.target(step, self.rank, name)
+            if box is not None:
+                return box
+        return None
+
+    def planned(self, dtype_size: int) -> PlannedBytes:
+        return planned_bytes(
+            self.spec, self.groups, self.scheme.name, self.rank, dtype_size, tuple(sorted(self.scheme.feeders))
+        )
+
+    def reshard(self, shards: LocalShards) -> dict[str, torch.Tensor]:
+        """All generation tensors at once (the stream, collected)."""
+        return dict(self.stream(shards))
+
+    # -- the stream ----------------------------------------------------------------------------------------------------
+    def stream(self, shards: LocalShards) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield ``(hf_name, generation tensor)`` bucket by bucket; see the module docstring."""
+        self._check(shards)
+        dtype, device = shards.dtype, shards.device
+        element_size = torch.empty((), dtype=dtype).element_size()
+        stats = ReshardStats(scheme=self.scheme.name, rank=self.rank)
+        self.stats = stats
+        for step in self.scheme.steps:
+            stats.phase(step.phase)
+        memory = MemoryTracker(device)
+        started = time.perf_counter()
+        buckets = make_buckets(self.spec, self.bucket_bytes, element_size, self.scheme.pipeline_stages)
+        stats.buckets = len(buckets)
+        for bucket in buckets:
+            allocated = 0
+            final: dict[str, torch.Tensor] = {}
+            previous = shards
+            for index, step in enumerate(self.scheme.steps):
+                sources = shards if step.source == "shards" else previous
+                tic = time.perf_counter()
+                exchange = self.scheme.exchange(index, self.rank, bucket)
+                toc = time.perf_counter()
+                stats.plan_s += toc - tic
+                outputs, nbytes = allocate_outputs(self.scheme, index, self.rank, bucket, sources, dtype, device)
+                memory.alloc(nbytes)
+                allocated += nbytes
+                stats.phase(step.phase).assemble_s += time.perf_counter() - toc
+                for gather in exchange.gathers_of(self.rank):
+                    self._gather(gather, step.phase, sources, outputs, stats, memory, dtype, device)
+                if exchange.a2a:
+                    self._all_to_all(exchange, step.phase, sources, outputs, stats, memory, dtype, device)
+                if step.final:
+                    final.update(outputs.storage)
+                previous = outputs
+            stats.seconds += time.perf_counter() - started
+            for name in bucket:
+                if name in final:
+                    tensor = final.pop(name)
+                    stats.generation_bytes += tensor.numel() * tensor.element_size()
+                    stats.tensors += 1
+                    yield name, tensor
+            started = time.perf_counter()
+            del final, previous, outputs
+            memory.free(allocated)
+        stats.seconds += time.perf_counter() - started
+        stats.peak_extra_bytes = memory.peak
+        stats.peak_cuda_bytes = memory.cuda_peak()
+
+    def _check(self, shards: LocalShards) -> None:
+        kind = self.scheme.source_kind
+        if shards.kind != kind:
+            raise ValueError(f"{self.scheme.name} reshards {kind} training shards, got {shards.kind} shards")
+        if shards.rank != self.rank:
+            raise ValueError(f"shards of rank {shards.rank} given to the resharder of rank {self.rank}")
+        for name in self.scheme.order:
+            expected = self.scheme.shard_boxes(self.rank, name)
+            if shards.boxes(name) != expected:
+                raise ValueError(
+                    f"rank {self.rank}: shards hold {name} as {shards.boxes(name)}, the {kind} layout says {expected}"
+                )
+
+    def _sync(self, device: torch.device) -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def _gather(self, gather: Gather, phase, sources, outputs, stats: ReshardStats, memory, dtype, device) -> None:
+        # dtype and device come from the training shards: a step's sources may hold no tensor of this bucket
+        timing = stats.phase(phase)
+        me = gather.members.index(self.rank)
+        lengths = gather.lengths
+        group = _process_group(gather.members)
+        element_size = torch.empty((), dtype=dtype).element_size()
+        single = gather.single_source
+        tic = time.perf_counter()
+        direct = self._direct_output(gather, me, outputs) if single is None else None
+        if direct is not None:
+            # the all-gather writes straight into the generation tensor, whose own slot already holds this rank's
+            # shard: no buffer, no unpacking (the paper's in-place all-gather)
+            width = lengths[0]
+            timing.all_gathers += 1
+            timing.in_place_gathers += 1
+            self._sync(device)
+            toc = time.perf_counter()
+            timing.pack_s += toc - tic
+            _all_gather_into(direct, direct.narrow(0, me * width, width), group)
+            self._sync(device)
+            timing.comm_s += time.perf_counter() - toc
+            stats.add_wire(phase, width * (len(gather.members) - 1) * element_size)
+            received = {}
+            for i, cells in enumerate(gather.cells):
+                if i != me:
+                    received[cells[0].name] = received.get(cells[0].name, 0) + cells[0].numel
+            stats.add_received(phase, received, element_size)
+            return
+        if single is not None:
+            buffer = torch.empty(lengths[single], dtype=dtype, device=device)
+            if me == single:
+                pack_cells(buffer, gather.cells[me], sources)
+            slots = {single: buffer}
+        else:
+            width = max(lengths)
+            buffer = torch.empty(width * len(gather.members), dtype=dtype, device=device)
+            pack_cells(buffer.narrow(0, me * width, lengths[me]), gather.cells[me], sources)
+            slots = {i: buffer.narrow(0, i * width, lengths[i]) for i in range(len(gather.members))}
+        nbytes = buffer.numel() * element_size
+        memory.alloc(nbytes)
+        self._sync(device)
+        toc = time.perf_counter()
+        timing.pack_s += toc - tic
+        if single is not None:
+            dist.broadcast(buffer, src=gather.members[single], group=group)
+            timing.broadcasts += 1
+            wire = 0 if me == single else lengths[single]
+        else:
+            _all_gather_into(buffer, buffer.narrow(0, me * width, width), group)
+            timing.all_gathers += 1
+            wire = width * (len(gather.members) - 1)
+        self._sync(device)
+        tic = time.perf_counter()
+        timing.comm_s += tic - toc
+        stats.add_wire(phase, wire * element_size)
+        for i, flat in slots.items():
+            if i != me:
+                stats.add_received(phase, unpack_cells(flat, gather.cells[i], outputs, self.rank), element_size)
+        self._sync(device)
+        timing.unpack_s += time.perf_counter() - tic
+        del buffer, slots
+        memory.free(nbytes)
+
+    def _direct_output(self, gather: Gather, me: int, outputs: LocalShards) -> torch.Tensor | None:
+        """The flat generation tensor when member i's one cell is exactly its i-th equal slice (else None)."""
+        lengths = gather.lengths
+        if len(set(lengths)) != 1 or any(len(cells) != 1 for cells in gather.cells):
+            return None
+        name = gather.cells[0][0].name
+        if any(cells[0].name != name for cells in gather.cells) or name not in outputs.storage:
+            return None
+        target = outputs.segments[name][0].box
+        row = 1
+        for lo, hi in target[1:]:
+            row *= hi - lo
+        for i, cells in enumerate(gather.cells):
+            box = cells[0].box
+            if box[1:] != target[1:] or not contains(target, box) or (box[0][0] - target[0][0]) * row != i * lengths[0]:
+                return None
+        tensor = outputs.storage[name]
+        if tensor.numel() != lengths[0] * len(gather.members) or not tensor.is_contiguous():
+            return None
+        return tensor.view(-1)
+
+    def _a2a_plan(self, exchange: Exchange):
+        key = id(exchange)
+        if key not in self._a2a_cache:
+            members = exchange.group
+            send = [[c for c in exchange.a2a if c.owner == self.rank and m in c.receivers] for m in members]
+            recv = [[c for c in exchange.a2a if c.owner == m and self.rank in c.receivers] for m in members]
+            self._a2a_cache[key] = (exchange, send, recv)
+        return self._a2a_cache[key][1:]
+
+    def _all_to_all(self, exchange: Exchange, phase, sources, outputs, stats, memory, dtype, device) -> None:
+        timing = stats.phase(phase)
+        element_size = torch.empty((), dtype=dtype).element_size()
+        send_cells, recv_cells = self._a2a_plan(exchange)
+        send_splits = [sum(c.numel for c in cells) for cells in send_cells]
+        recv_splits = [sum(c.numel for c in cells) for cells in recv_cells]
+        tic = time.perf_counter()
+        send = torch.empty(sum(send_splits), dtype=dtype, device=device)
+        offset = 0
+        for cells, length in zip(send_cells, send_splits, strict=True):
+            pack_cells(send.narrow(0, offset, length), cells, sources)
+            offset += length
+        recv = torch.empty(sum(recv_splits), dtype=dtype, device=device)
+        nbytes = (send.numel() + recv.numel()) * element_size
+        memory.alloc(nbytes)
+        self._sync(device)
+        toc = time.perf_counter()
+        timing.pack_s += toc - tic
+        dist.all_to_all_single(recv, send, recv_splits, send_splits, group=_process_group(exchange.group))
+        timing.all_to_alls += 1
+        self._sync(device)
+        tic = time.perf_counter()
+        timing.comm_s += tic - toc
+        stats.add_wire(phase, sum(recv_splits) * element_size)
+        offset = 0
+        for cells, length in zip(recv_cells, recv_splits, strict=True):
+            received = unpack_cells(recv.narrow(0, offset, length), cells, outputs, self.rank)
+            stats.add_received(phase, received, element_size)
+            offset += length
+        self._sync(device)
+        timing.unpack_s += time.perf_counter() - tic
+        del send, recv
+        memory.free(nbytes)
+
+
+def stream_to_feeders(
+    state_dict: Mapping[str, torch.Tensor],
+    spec: ModelSpec,
+    feeders: Sequence[int],
+    *,
+    bucket_bytes: int | None = DEFAULT_BUCKET_BYTES,
+    stats_out: list | None = None,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Full HF tensors on the ``feeders`` ranks only, from an FSDP2 module's ``state_dict()`` (DTensors, Shard(0)).
+
+    The weight hand-off of a rollout that one rank per replica feeds (the CPU ``hf`` rollout): instead of every rank
+    all-gathering every tensor (``full_tensor()``), each rank sends its rows to the feeders in one all-to-all per
+    bucket. Every rank must exhaust the iterator; non-feeders yield nothing. ``stats_out`` gets the ReshardStats.
+    Needs no new process group (runs on the default group), so ranks may call it at any time together.
+    """
+    world = dist.get_world_size()
+    groups = hybrid_groups(TrainLayout(dp=world), InferLayout(tp=1).resolve(world), fsdp=True)
+    resharder = Resharder(spec, groups, "gather_to_feeders", feeders=feeders, bucket_bytes=bucket_bytes)
+    shards = fsdp_shards_from_state_dict(state_dict, spec)
+    yield from resharder.stream(shards)
+    if stats_out is not None:
+        stats_out.append(resharder.stats)
