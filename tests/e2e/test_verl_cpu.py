@@ -14,9 +14,10 @@ KL-PPO (GAE, critic, KL     4    critic trains; KL to the reference is 0 at step
 in reward and in loss)           actor
 ========================  =====  ==========================================================================
 
-"rollout == actor": verl's ``training/rollout_probs_diff_max`` (largest |p_rollout - p_actor| over the response
-tokens: the hf server's sampling probabilities against the actor's recomputed old log-probs) stays below 1e-5 at
-every step, i.e. the weights the rollout used are the actor's. About 6 minutes on 2 cores.
+"rollout == actor": at every step verl's ``training/rollout_probs_diff_max`` (the largest |p_rollout - p_actor| over
+the response tokens: the probability the hf server sampled each token with, against the actor's recomputed old
+log-prob) and ``|rollout_corr/kl|`` (the KL between the two, in log space) stay below 1e-5, i.e. the rollout
+generated with the actor's weights. About 6 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.slow]
 SYNCED_GAP = 1e-5
 DIFF_MAX = "training/rollout_probs_diff_max"
 DIFF_MEAN = "training/rollout_probs_diff_mean"
+ROLLOUT_KL = "rollout_corr/kl"
 REWARD = "critic/score/mean"
 
 
@@ -82,6 +84,8 @@ def _assert_rollout_is_the_actor(result: RunResult) -> None:
     gaps = result.series(DIFF_MAX)
     assert len(gaps) == len(result.metrics), "the hf rollout returned no log-probs"
     assert max(gaps) < SYNCED_GAP, f"rollout/actor probability gap per step: {gaps}"
+    kls = result.series(ROLLOUT_KL)
+    assert len(kls) == len(result.metrics) and max(abs(kl) for kl in kls) < SYNCED_GAP, f"rollout/actor KL: {kls}"
 
 
 def test_grpo_reward_rises(grpo):
@@ -100,6 +104,8 @@ def test_without_weight_sync_the_rollout_actor_gap_grows(grpo, grpo_no_sync):
     assert gaps[0] < SYNCED_GAP, "before the first update the rollout and the actor hold the same weights"
     assert means[-1] > means[1] > means[0], f"mean gap per step: {means}"
     assert gaps[-1] > 100 * max(grpo.series(DIFF_MAX)), f"gap per step without sync: {gaps}"
+    kls = grpo_no_sync.series(ROLLOUT_KL)
+    assert abs(kls[0]) < SYNCED_GAP and kls[-1] > 0.01, f"rollout/actor KL per step without sync: {kls}"
 
 
 def test_grpo_world_size_2_splits_the_batch_and_keeps_rollout_and_actor_in_step(grpo_ws2):
