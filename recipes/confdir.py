@@ -1,11 +1,22 @@
-"""Where the conf/ tree is: beside the packages in a checkout or editable install, inside recipes/ in a wheel."""
+"""Where the conf/ tree is: beside the packages in a checkout or editable install, inside recipes/ in a wheel,
+or a copied recipe's own conf/ ($KLPPO_CONF_DIR, set by its entry point)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+# a copied recipe (python -m recipes.copy) points this at its own conf/ folder
+CONF_DIR_ENV = "KLPPO_CONF_DIR"
 
 
 def conf_dir() -> Path:
+    override = os.environ.get(CONF_DIR_ENV)
+    if override:
+        path = Path(override).expanduser().resolve()
+        if not path.is_dir():
+            raise FileNotFoundError(f"{CONF_DIR_ENV}={override}: no such folder")
+        return path
     here = Path(__file__).resolve().parent
     for candidate in (here.parent / "conf", here / "conf"):
         if (candidate / "grpo.yaml").is_file():

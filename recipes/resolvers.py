@@ -3,23 +3,16 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from omegaconf import OmegaConf
 
-_ASSET_FILES = {
-    # key -> path inside the tiny-asset folder (hybrid_engine.assets builds them on first use)
-    "model": "model",
-    "train": "data/train.parquet",
-    "val": "data/val.parquet",
-    "reward": "reward.py",
+_ASSET_FIELDS = {
+    # key -> field of hybrid_engine.assets.TinyAssets (built on first use, then cached)
+    "model": "model_dir",
+    "train": "train_parquet",
+    "val": "val_parquet",
+    "reward": "reward_py",
 }
-
-
-def pack_data_dir() -> Path:
-    """Where locally built assets live: $PACK_DATA_DIR, else ~/.cache/klppo-recipes."""
-    root = os.environ.get("PACK_DATA_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "klppo-recipes")
-    return Path(root)
 
 
 def _leftover(world_size, *degrees) -> int:
@@ -59,9 +52,12 @@ def _run_dir() -> str:
 
 
 def _asset(key: str) -> str:
-    if key not in _ASSET_FILES:
-        raise ValueError(f"pack.asset: unknown asset {key!r}; choose from {sorted(_ASSET_FILES)}")
-    return str(pack_data_dir() / "tiny" / _ASSET_FILES[key])
+    """A path of the tiny asset set under $PACK_DATA_DIR; the set is built locally the first time (~2 s)."""
+    if key not in _ASSET_FIELDS:
+        raise ValueError(f"pack.asset: unknown asset {key!r}; choose from {sorted(_ASSET_FIELDS)}")
+    from hybrid_engine.assets import ensure_tiny_assets
+
+    return str(getattr(ensure_tiny_assets(), _ASSET_FIELDS[key]))
 
 
 RESOLVERS = {

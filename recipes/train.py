@@ -1,17 +1,85 @@
-"""action=train: hand the validated, resolved config to verl 0.9.1's own trainer (its default v1 path)."""
+"""action=train: hand the validated, resolved config to verl 0.9.1's own trainer (its default v1 path).
+
+Before verl starts: the pinned-verl check, the tiny assets (embedded default), the run folder's logging wiring
+(metrics.jsonl through verl's `file` logger, TensorBoard and wandb folders, wandb offline without a key). While it
+runs: one progress line per step. After: reward / KL / entropy per step as a PNG beside the metrics.
+"""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from recipes.monitor import REWARD_KEYS, ProgressPrinter, first, plot_metrics, read_metrics
+
+
+def run_env(cfg: DictConfig, run_dir: Path) -> dict[str, str]:
+    """Environment for every Ray worker of this run: where the loggers write, the plugin loaded loudly."""
+    env = {
+        "VERL_FILE_LOGGER_PATH": str(run_dir / "metrics.jsonl"),
+        "TENSORBOARD_DIR": str(run_dir / "tensorboard"),
+        "WANDB_DIR": str(run_dir),
+        # verl hides plugin import errors; naming the plugin here makes a refusal (wrong verl) loud in every worker
+        "VERL_USE_EXTERNAL_MODULES": "hybrid_engine.verl_plugin",
+    }
+    if "wandb" in list(cfg.trainer.logger) and not os.environ.get("WANDB_API_KEY"):
+        env["WANDB_MODE"] = "offline"
+    return env
+
+
+def prepare(cfg: DictConfig) -> Path:
+    """Wire the run folder into the config verl receives; returns the run folder."""
+    run_dir = Path(cfg.run.dir).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    loggers = [str(x) for x in cfg.trainer.logger]
+    if "file" not in loggers:
+        loggers.append("file")  # metrics.jsonl always
+    cfg.trainer.logger = loggers
+    env_vars = OmegaConf.select(cfg, "ray_kwargs.ray_init.runtime_env.env_vars") or {}
+    merged = {**OmegaConf.to_container(OmegaConf.create(env_vars)), **run_env(cfg, run_dir)}
+    OmegaConf.update(cfg, "ray_kwargs.ray_init.runtime_env.env_vars", merged, merge=False, force_add=True)
+    for key, value in run_env(cfg, run_dir).items():
+        os.environ.setdefault(key, value)  # the driver's own trackers (and Ray's local workers) see them too
+    return run_dir
+
 
 def run_training(checked) -> None:
+    from hybrid_engine.verl_plugin import require_supported_verl
+
+    require_supported_verl()
+    cfg = checked.cfg
+    if cfg.model.name == "tiny" or cfg.task.get("name") == "tiny":
+        from hybrid_engine.assets import ensure_tiny_assets
+
+        ensure_tiny_assets()
+    run_dir = prepare(cfg)
+
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
     from verl.utils.device import auto_set_device
 
-    cfg = checked.cfg
     auto_set_device(cfg)
-    if cfg.trainer.use_v1:
-        run_ppo(cfg, task_runner_class=TaskRunnerV1)
-    else:
-        from verl.trainer.main_ppo_v0 import TaskRunner
+    total = OmegaConf.select(cfg, "trainer.total_training_steps")
+    metrics_path = run_dir / "metrics.jsonl"
+    print(f"training: {checked.cfg.run.name} in {run_dir} (metrics.jsonl, checkpoints/, curves.png)", flush=True)
+    with ProgressPrinter(metrics_path, total):
+        if cfg.trainer.use_v1:
+            run_ppo(cfg, task_runner_class=TaskRunnerV1)
+        else:
+            from verl.trainer.main_ppo_v0 import TaskRunner
 
-        run_ppo(cfg, task_runner_class=TaskRunner)
+            run_ppo(cfg, task_runner_class=TaskRunner)
+    summarize(metrics_path, run_dir, title=f"{cfg.run.name}: {cfg.model.name}, {cfg.strategy.name}")
+
+
+def summarize(metrics_path: Path, run_dir: Path, title: str = "") -> None:
+    rows = read_metrics(metrics_path)
+    png = plot_metrics(metrics_path, run_dir / "curves.png", title=title)
+    rewards = [first(m, REWARD_KEYS) for _, m in rows]
+    rewards = [r for r in rewards if r is not None]
+    if len(rewards) >= 4:
+        k = max(1, len(rewards) // 4)
+        print(f"mean reward: first {k} steps {sum(rewards[:k]) / k:+.3f} -> last {k} steps {sum(rewards[-k:]) / k:+.3f}")
+    if png:
+        print(f"curves: {png}")
