@@ -27,7 +27,8 @@ def test_wheel_contains_conf_tree(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     for path in ("recipes/conf/grpo.yaml", "recipes/conf/kl_ppo.yaml", "recipes/conf/parallel/tp8pp4.yaml",
                  "recipes/conf/nccl/ib.yaml", "hybrid_engine/model_configs/qwen2_7b/config.json",
-                 "recipes/grpo.py", "hybrid_engine/layout.py"):
+                 "recipes/grpo.py", "hybrid_engine/layout.py", "recipes/conf/launcher/ray.yaml",
+                 "hydra_plugins/klppo_launcher/ray_jobs_launcher.py"):
         assert path in names, path
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "hybrid_engine = hybrid_engine.verl_plugin" in zipfile.ZipFile(wheel).read(entry_points).decode()
@@ -37,6 +38,6 @@ def test_every_package_is_listed_in_pyproject():
     import tomllib
 
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    found = {".".join(p.parent.relative_to(ROOT).parts) for top in ("recipes", "hybrid_engine")
+    found = {".".join(p.parent.relative_to(ROOT).parts) for top in ("recipes", "hybrid_engine", "hydra_plugins")
              for p in (ROOT / top).rglob("__init__.py")}
     assert found | {"recipes.conf"} == listed
