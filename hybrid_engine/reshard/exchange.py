@@ -341,7 +341,7 @@ class Scheme:
                 by_owner.setdefault(owner, []).append(receiver)
             for owner in sorted(by_owner):
                 cells.append(Cell(name=name, box=box, owner=owner, receivers=tuple(by_owner[owner])))
-        return _merge_rows(cells)
+        return _merge_rows(cells, holds)
 
 
 def _product(intervals: list[list[tuple[int, int]]]) -> Iterable[Box]:
@@ -353,10 +353,11 @@ def _product(intervals: list[list[tuple[int, int]]]) -> Iterable[Box]:
             yield (first, *rest)
 
 
-def _merge_rows(cells: list[Cell]) -> list[Cell]:
-    """Join cells that touch along dim 0 with the same columns, owner and receivers (fewer, larger copies)."""
+def _merge_rows(cells: list[Cell], holds: dict[int, tuple[Box, ...]]) -> list[Cell]:
+    """Join cells that touch along dim 0 with the same columns, owner and receivers, inside one box the owner holds
+    (fewer, larger copies; a cell must stay inside one segment of the owner's storage)."""
     out: list[Cell] = []
-    for cell in sorted(cells, key=lambda c: (c.box[1:], c.box[0])):
+    for cell in sorted(cells, key=lambda c: (c.box[1:], c.owner, c.receivers, c.box[0])):
         last = out[-1] if out else None
         if (
             last is not None
@@ -365,9 +366,11 @@ def _merge_rows(cells: list[Cell]) -> list[Cell]:
             and last.box[1:] == cell.box[1:]
             and last.box[0][1] == cell.box[0][0]
         ):
-            out[-1] = Cell(last.name, ((last.box[0][0], cell.box[0][1]), *cell.box[1:]), cell.owner, cell.receivers)
-        else:
-            out.append(cell)
+            merged = ((last.box[0][0], cell.box[0][1]), *cell.box[1:])
+            if any(contains(held, merged) for held in holds[cell.owner]):
+                out[-1] = Cell(last.name, merged, cell.owner, cell.receivers)
+                continue
+        out.append(cell)
     return out
 
 

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-__all__ = ["run_world"]
+__all__ = ["SMALL_SHAPES", "run_world", "small_spec"]
 
 
 def _entry(rank: int, fn, world: int, args: tuple, folder: str, backend: str) -> None:
@@ -40,3 +40,40 @@ def run_world(fn, world: int, *args, backend: str = "gloo") -> list:
     with tempfile.TemporaryDirectory() as folder:
         mp.spawn(_entry, args=(fn, world, args, folder, backend), nprocs=world, join=True)
         return [pickle.loads(Path(folder, f"rank{rank}.pkl").read_bytes()) for rank in range(world)]
+
+
+SMALL_SHAPES = {
+    "qwen2_5_0_5b_reduced": {
+        # Qwen2.5-0.5B's head structure (14 heads, 2 kv heads, qkv bias, tied embedding) at toy width: uneven head
+        # splits for tp 4 and 8, kv heads replicated for tp > 2, an odd vocabulary (uneven FSDP chunks)
+        "model_type": "qwen2",
+        "hidden_size": 112,
+        "intermediate_size": 160,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "vocab_size": 999,
+        "tie_word_embeddings": True,
+    },
+    "llama_untied": {
+        # untied lm_head, no biases, 8 heads over 4 kv heads, even splits (the in-place all-gather path)
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "vocab_size": 1024,
+        "tie_word_embeddings": False,
+    },
+}
+"""Small model shapes for multi-process tests and quick benchmarks (``small_spec``)."""
+
+
+def small_spec(name: str):
+    """The ModelSpec of a ``SMALL_SHAPES`` entry, or of any shipped model name (``build_spec``)."""
+    from hybrid_engine.model_spec import arch_from_config, build_spec
+
+    if name in SMALL_SHAPES:
+        return build_spec(arch_from_config(dict(SMALL_SHAPES[name]), name), "analytic")
+    return build_spec(name)
