@@ -113,7 +113,7 @@ def _git(folder: Path, *args: str) -> str | None:
         proc = subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
-    return proc.stdout.strip() if proc.returncode == 0 else None
+    return proc.stdout.rstrip() if proc.returncode == 0 else None
 
 
 def git_state(folder: str | os.PathLike) -> dict | None:
@@ -202,3 +202,24 @@ def write_bundle(run_dir: str | os.PathLike, cfg: DictConfig, recipe: str | None
                      f"cd {shlex.quote(data['cwd'])} && {shlex.join(data['command'])} \"$@\"\n")
     rerun.chmod(0o755)
     return folder
+
+
+def write_for_job(cfg: DictConfig, run_dir: str | os.PathLike) -> list[str]:
+    """The launch flow's call, for every action: write the bundle of this Hydra job; its NCCL conflicts as warnings.
+
+    Never fails the run: a bundle that cannot be written is a warning.
+    """
+    from hydra.core.hydra_config import HydraConfig
+
+    recipe = HydraConfig.get().job.config_name if HydraConfig.initialized() else None
+    try:
+        folder = write_bundle(run_dir, cfg, recipe)
+        data = json.loads((folder / "bundle.json").read_text())
+    except Exception as error:  # noqa: BLE001 - the record must not stop the run
+        return [f"warning: reproducibility bundle not written: {' '.join(str(error).split())[:200]}"]
+    lines = [f"warning: nccl env: {line}" for line in data.get("nccl_env", {}).get("conflicts", [])]
+    git = data.get("git") or {}
+    if git.get("dirty"):
+        lines.append(f"note: the launch folder's repository has uncommitted changes (git {str(git.get('sha'))[:12]}, "
+                     f"dirty); {BUNDLE_DIR}/bundle.json lists them")
+    return lines

@@ -44,7 +44,8 @@ def has_accelerator() -> bool:
 def embedded_defaults(argv: list[str], accelerator: bool) -> list[str]:
     """The overrides to add for the embedded CPU default: none on a GPU machine or when a layout was chosen."""
     chosen = {_override_key(a) for a in argv} - {None}
-    if accelerator or chosen & set(_GPU_INTENT):
+    # launcher=ray: the run goes to an existing cluster, whose hardware is not this machine's (recipes/ray_jobs.py)
+    if accelerator or chosen & set(_GPU_INTENT) or "launcher=ray" in argv:
         return []
     return [f"{group}={option}" for group, option in EMBEDDED_DEFAULTS.items() if group not in chosen]
 
@@ -89,6 +90,7 @@ def execute(cfg: DictConfig) -> None:
             checked = inspect(cfg)
             if checked.train is None or checked.infer is None or checked.arch is None:
                 raise ConfigError(checked.problems)
+            _write_bundle(cfg, Path(cfg.run.dir))
             code = run_plan(checked)
             if code:
                 sys.exit(code)
@@ -101,15 +103,32 @@ def execute(cfg: DictConfig) -> None:
         run_dir = Path(checked.cfg.run.dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(checked.cfg, run_dir / "resolved_config.yaml")
+        _write_bundle(checked.cfg, run_dir)
         if action == "validate":
             print(f"config OK: {describe(checked)}")
             print(f"resolved verl config written to {run_dir / 'resolved_config.yaml'}")
+            return
+        if OmegaConf.select(checked.cfg, "launcher.name") == "ray":
+            # a Ray Job on an existing cluster runs this same flow there (launcher=local); its exit code is ours
+            from recipes.ray_jobs import submit_from_hydra
+
+            code = submit_from_hydra(checked.cfg, run_dir)
+            if code:
+                sys.exit(code)
             return
         from recipes.train import run_training
 
         run_training(checked)
     except ConfigError as error:
         exit_with(error)
+
+
+def _write_bundle(cfg: DictConfig, run_dir: Path) -> None:
+    """The reproducibility bundle (repro/) and nccl_env.json in the run folder, for every action (recipes/bundle.py)."""
+    from recipes.bundle import write_for_job
+
+    for line in write_for_job(cfg, run_dir):
+        print(line)
 
 
 def check_action(cfg: DictConfig) -> str:

@@ -400,3 +400,18 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def record_for_training(cfg: DictConfig, run_dir: str | os.PathLike) -> list[str]:
+    """Right before verl's ray.init: adapt ray_init to an existing cluster, stop on conflicts Ray would refuse, write
+    the values in effect to ``run_dir/nccl_env.json``; the lines to print."""
+    from recipes.errors import ConfigError
+
+    lines = adapt_ray_init(cfg)
+    record = worker_env(cfg)
+    if record.problems:
+        raise ConfigError(record.problems)
+    path = write_record(run_dir, record)
+    lines += [f"warning: nccl env: {line}" for line in record.conflicts]
+    lines.append(f"{summary(record)} (written to {path})")
+    return lines

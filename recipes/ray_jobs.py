@@ -501,3 +501,12 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def submit_from_hydra(cfg: DictConfig, run_dir: str | os.PathLike) -> int:
+    """The launch flow's call for ``launcher=ray action=train``: submit this Hydra job's run; its exit code."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hydra_cfg = HydraConfig.get()
+    return submit_run(cfg, hydra_cfg.job.config_name, list(hydra_cfg.overrides.task), Path(run_dir),
+                      hydra_cfg.runtime.choices.get("cluster"))

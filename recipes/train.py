@@ -55,6 +55,11 @@ def run_training(checked) -> None:
 
         ensure_tiny_assets()
     run_dir = prepare(cfg)
+    # the env every Ray worker gets and its conflicts with verl's forced values, to nccl_env.json (recipes/nccl_env.py)
+    from recipes.nccl_env import record_for_training
+
+    for line in record_for_training(cfg, run_dir):
+        print(line)
 
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
     from verl.utils.device import auto_set_device
