@@ -24,6 +24,10 @@ def run_env(cfg: DictConfig, run_dir: Path) -> dict[str, str]:
         # verl hides plugin import errors; naming the plugin here makes a refusal (wrong verl) loud in every worker
         "VERL_USE_EXTERNAL_MODULES": "hybrid_engine.verl_plugin",
     }
+    # TransferQueue asks torch for 8 threads and warns on every put/get where the machine has fewer cores
+    import psutil
+
+    env["TQ_NUM_THREADS"] = os.environ.get("TQ_NUM_THREADS", str(min(8, psutil.cpu_count(logical=False) or 1)))
     if "wandb" in list(cfg.trainer.logger) and not os.environ.get("WANDB_API_KEY"):
         env["WANDB_MODE"] = "offline"
     return env
