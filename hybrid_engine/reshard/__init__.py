@@ -4,7 +4,8 @@
   deterministic weight sources to build them.
 - ``exchange``: the exchange plan (who sends which box to whom) of each scheme, computed alike on every rank.
 - ``executor``: ``Resharder`` runs it with all-gathers / all-to-alls and streams ``(hf_name, tensor)``;
-  ``stream_to_feeders`` is the weight hand-off for a rollout fed by one rank per replica.
+  ``stream_to_feeders`` / ``rollout_weight_stream`` are the weight hand-off for a rollout fed by one rank per
+  replica (verl's colocated CPU ``hf`` rollout).
 - ``stats``: bytes, times and memory as measured, and the planner's numbers beside them.
 - ``mode_switch``: ``ModeSwitch.generation(...)``, the training <-> generation context manager (RNG states, weights).
 
@@ -12,7 +13,13 @@ Nothing here runs at import time; torch is imported, transformers is not.
 """
 
 from hybrid_engine.reshard.exchange import SCHEME_NAMES, Scheme, make_buckets, simulate
-from hybrid_engine.reshard.executor import DEFAULT_BUCKET_BYTES, Resharder, stream_to_feeders
+from hybrid_engine.reshard.executor import (
+    DEFAULT_BUCKET_BYTES,
+    Resharder,
+    feeder_ranks,
+    rollout_weight_stream,
+    stream_to_feeders,
+)
 from hybrid_engine.reshard.mode_switch import GenerationContext, ModeSwitch, RngState
 from hybrid_engine.reshard.shards import (
     LocalShards,
@@ -37,10 +44,12 @@ __all__ = [
     "RngState",
     "Scheme",
     "fsdp_shards",
+    "feeder_ranks",
     "fsdp_shards_from_state_dict",
     "make_buckets",
     "megatron_shards",
     "planned_bytes",
+    "rollout_weight_stream",
     "simulate",
     "state_dict_source",
     "stream_to_feeders",

@@ -36,7 +36,7 @@ from hybrid_engine.reshard.exchange import (
 from hybrid_engine.reshard.shards import LocalShards, contains, fsdp_shards_from_state_dict
 from hybrid_engine.reshard.stats import MemoryTracker, PlannedBytes, ReshardStats, planned_bytes
 
-__all__ = ["DEFAULT_BUCKET_BYTES", "Resharder", "stream_to_feeders"]
+__all__ = ["DEFAULT_BUCKET_BYTES", "Resharder", "feeder_ranks", "rollout_weight_stream", "stream_to_feeders"]
 
 DEFAULT_BUCKET_BYTES = 64 << 20
 """Full bytes of the tensors one bucket moves (a larger tensor is a bucket of its own)."""
@@ -332,3 +332,32 @@ def stream_to_feeders(
     yield from resharder.stream(shards)
     if stats_out is not None:
         stats_out.append(resharder.stats)
+
+
+def feeder_ranks(world_size: int, rollout_world_size: int) -> list[int]:
+    """The first rank of each rollout replica (``rollout_rank == 0``): the ranks that feed a rollout server."""
+    if rollout_world_size < 1 or world_size % rollout_world_size:
+        raise ValueError(f"rollout world size {rollout_world_size} must divide the world size {world_size}")
+    return list(range(0, world_size, rollout_world_size))
+
+
+def rollout_weight_stream(
+    state_dict: Mapping[str, torch.Tensor],
+    *,
+    rollout_world_size: int,
+    hf_config: Mapping | None = None,
+    spec: ModelSpec | None = None,
+    bucket_bytes: int | None = DEFAULT_BUCKET_BYTES,
+    stats_out: list | None = None,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The weight hand-off of verl's colocated rollout, through the resharder: ``stream_to_feeders`` with the first
+    rank of every rollout replica as feeder. ``hf_config``: the model's config dict (``hf_config.to_dict()``), or give
+    ``spec``. Every rank must exhaust the iterator (the collectives run inside it)."""
+    if spec is None:
+        from hybrid_engine.model_spec import arch_from_config, build_spec
+
+        if hf_config is None:
+            raise ValueError("rollout_weight_stream needs hf_config or spec")
+        spec = build_spec(arch_from_config(dict(hf_config), str(hf_config.get("_name_or_path") or "actor")))
+    feeders = feeder_ranks(dist.get_world_size(), rollout_world_size)
+    return stream_to_feeders(state_dict, spec, feeders, bucket_bytes=bucket_bytes, stats_out=stats_out)

@@ -346,6 +346,8 @@ def fsdp_shards_from_state_dict(state_dict: Mapping[str, torch.Tensor], spec: Mo
         if tuple(value.placements) != (Shard(0),):
             raise ValueError(f"{tensor.name}: placements {value.placements}, need (Shard(0),)")
         mesh = value.device_mesh
+        if mesh.ndim != 1 or mesh.mesh.tolist() != list(range(mesh.size())):
+            raise ValueError(f"{tensor.name}: FSDP mesh {mesh.mesh.tolist()} is not one dimension over ranks 0..N-1")
         rank, world = mesh.get_local_rank(), mesh.size()
         box = fsdp_box(tensor, world, rank)
         local = value.to_local()

@@ -26,7 +26,7 @@ from hybrid_engine.reshard import (
     fsdp_shards_from_state_dict,
     megatron_shards,
     planned_bytes,
-    stream_to_feeders,
+    rollout_weight_stream,
     synthetic_source,
     synthetic_tensor,
 )
@@ -158,7 +158,11 @@ def _fsdp2_case(rank: int, world: int, case: dict) -> list[dict]:
                 )
             )
     stats_out: list = []
-    outputs = dict(stream_to_feeders(model.state_dict(), spec, feeders=[0], bucket_bytes=BUCKET, stats_out=stats_out))
+    # the rollout hand-off: one replica of both ranks, fed by rank 0 (config dict -> spec, as verl's worker has it)
+    stream = rollout_weight_stream(
+        model.state_dict(), rollout_world_size=world, hf_config=model.config.to_dict(), stats_out=stats_out
+    )
+    outputs = dict(stream)
     groups = hybrid_groups(TrainLayout(dp=world), InferLayout(tp=1).resolve(world), fsdp=True)
     planned = planned_bytes(spec, groups, "gather_to_feeders", rank, 4, (0,))
     records.append(
