@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only-used", action="store_true",
                         help="copy only the options the recipe uses (and the embedded CPU default's), not every option")
     parser.add_argument("--force", action="store_true", help="overwrite files in an existing DEST/conf")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     choices = {}
     for item in args.choices:
         group, sep, option = item.partition("=")

@@ -27,9 +27,12 @@ ROOT = Path(__file__).resolve().parents[2]
 CPU = ["parallel=cpu", "cluster=cpu", "rollout=hf", "model=tiny", "task=tiny"]
 
 
-@pytest.mark.parametrize("name", ["WANDB_API_KEY", "HF_TOKEN", "GITHUB_TOKEN", "MY_SERVICE_TOKEN", "AWS_SECRET_ACCESS_KEY",
-                                  "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN", "DB_PASSWORD", "PGPASSWORD", "apiKey",
-                                  "SSH_AUTH_SOCK", "NPM_PASS", "OPENAI_API_KEY", "RAY_AUTH_TOKEN", "hf_token"])
+SECRET_NAMES = ["WANDB_API_KEY", "HF_TOKEN", "GITHUB_TOKEN", "MY_SERVICE_TOKEN", "AWS_SECRET_ACCESS_KEY",
+                "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN", "DB_PASSWORD", "PGPASSWORD", "apiKey", "SSH_AUTH_SOCK",
+                "NPM_PASS", "OPENAI_API_KEY", "RAY_AUTH_TOKEN", "hf_token"]
+
+
+@pytest.mark.parametrize("name", SECRET_NAMES)
 def test_secret_names(name):
     assert is_secret_name(name)
 
