@@ -71,6 +71,9 @@ def run_recipe(recipe: str, argv: list[str] | None = None) -> None:
             cfg = compose_recipe(recipe, [a for a in argv if not a.startswith("hydra.")])
             if check_action(cfg) != "plan":
                 validate(cfg)
+            from recipes.ray_jobs import preflight
+
+            preflight(cfg)  # launcher=ray action=train: the cluster answers
         except ConfigError as error:
             exit_with(error)
     sys.argv = [f"recipes.{recipe}"] + argv

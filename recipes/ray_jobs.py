@@ -503,6 +503,12 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
+def preflight(cfg: DictConfig) -> None:
+    """Before Hydra makes a run folder: with launcher=ray and action=train the cluster must answer (one line if not)."""
+    if OmegaConf.select(cfg, "launcher.name") == "ray" and OmegaConf.select(cfg, "action") == "train":
+        connect(OmegaConf.select(cfg, "launcher.address"))
+
+
 def submit_from_hydra(cfg: DictConfig, run_dir: str | os.PathLike) -> int:
     """The launch flow's call for ``launcher=ray action=train``: submit this Hydra job's run; its exit code."""
     from hydra.core.hydra_config import HydraConfig

@@ -80,8 +80,13 @@ class RayJobsLauncher(Launcher):
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         recipe = str(self.config.hydra.job.config_name)
+        from recipes.errors import ConfigError, exit_with
+
         address = self.address or OmegaConf.select(self.config, "launcher.address", default=None)
-        client = ray_jobs.connect(address)
+        try:
+            client = ray_jobs.connect(address)
+        except ConfigError as error:
+            exit_with(error)  # one line, exit 2: nothing was submitted
         total, free = ray_jobs.cluster_resources(client)
         log.info(f"Launching {len(job_overrides)} jobs as Ray Jobs on {ray_jobs.dashboard_url(address)} "
                  f"(free: {ray_jobs._short({k: v for k, v in free.items() if k in ('CPU', 'GPU')})})")
