@@ -29,7 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hybrid_engine.groups import HybridGroups, hybrid_groups  # noqa: E402
 from hybrid_engine.layout import InferLayout, TrainLayout  # noqa: E402
-from hybrid_engine.model_spec import build_spec  # noqa: E402
 from hybrid_engine.reshard import (  # noqa: E402
     Resharder,
     fsdp_shards,
@@ -37,7 +36,7 @@ from hybrid_engine.reshard import (  # noqa: E402
     synthetic_source,
     synthetic_tensor,
 )
-from hybrid_engine.reshard.harness import run_world  # noqa: E402
+from hybrid_engine.reshard.harness import SMALL_SHAPES, run_world, small_spec  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
 MB = 1 << 20
@@ -75,7 +74,7 @@ def worker(rank: int, world: int, args: argparse.Namespace) -> dict:
     device = torch.device("cuda", rank) if args.device == "cuda" else torch.device("cpu")
     train, infer, fsdp = parse_layout(args.layout, world)
     groups = hybrid_groups(train, infer, fsdp=fsdp)
-    spec = build_spec(args.model)
+    spec = small_spec(args.model)
     dtype = DTYPES[args.dtype]
     source = synthetic_source(args.seed, dtype)
     result: dict = {"rank": rank, "schemes": {}, "build_s": {}}
@@ -130,7 +129,7 @@ def _mb(nbytes: float) -> str:
 def report(args: argparse.Namespace, world: int, results: list[dict], backend: str, wall: float) -> dict:
     train, infer, fsdp = parse_layout(args.layout, world)
     groups = hybrid_groups(train, infer, fsdp=fsdp)
-    spec = build_spec(args.model)
+    spec = small_spec(args.model)
     schemes = schemes_for(groups)
     summary: dict = {
         "model": args.model,
@@ -227,7 +226,11 @@ def report(args: argparse.Namespace, world: int, results: list[dict], backend: s
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="qwen2_5_0_5b", help="shipped config name (tiny, qwen2_5_0_5b, ...)")
+    parser.add_argument(
+        "--model",
+        default="qwen2_5_0_5b",
+        help=f"shipped config name (tiny, qwen2_5_0_5b, ...) or {', '.join(SMALL_SHAPES)}",
+    )
     parser.add_argument("--layout", default="tp4pp2:tp2", help="TRAIN:INFER, e.g. tp8pp4:tp4, tp4:tp2, fsdp:tp2")
     parser.add_argument("--nproc", type=int, default=None, help="processes (default: the layout's tp*pp*dp; fsdp 8)")
     parser.add_argument("--bucket-mb", type=float, default=64.0, help="full MB of tensors per round (0: one round)")

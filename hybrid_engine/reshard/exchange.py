@@ -201,6 +201,18 @@ class Scheme:
         box = fsdp_box(self.tensors[name], self.world, rank)
         return (box,) if box_numel(box) else ()
 
+    def check_shards(self, rank: int, shards: LocalShards) -> None:
+        """Raise ValueError unless ``shards`` hold exactly what this scheme's layout says ``rank`` holds."""
+        kind = self.source_kind
+        if shards.kind != kind:
+            raise ValueError(f"{self.name} reshards {kind} training shards, got {shards.kind} shards")
+        for name in self.order:
+            expected = self.shard_boxes(rank, name)
+            if shards.boxes(name) != expected:
+                raise ValueError(
+                    f"rank {rank}: shards hold {name} as {shards.boxes(name)}, the {kind} layout says {expected}"
+                )
+
     # -- per step ------------------------------------------------------------------------------------------------------
     def holds(self, step: int, rank: int, name: str) -> tuple[Box, ...]:
         if self.steps[step].source == "shards":

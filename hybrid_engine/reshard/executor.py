@@ -165,17 +165,9 @@ class Resharder:
         stats.peak_cuda_bytes = memory.cuda_peak()
 
     def _check(self, shards: LocalShards) -> None:
-        kind = self.scheme.source_kind
-        if shards.kind != kind:
-            raise ValueError(f"{self.scheme.name} reshards {kind} training shards, got {shards.kind} shards")
         if shards.rank != self.rank:
             raise ValueError(f"shards of rank {shards.rank} given to the resharder of rank {self.rank}")
-        for name in self.scheme.order:
-            expected = self.scheme.shard_boxes(self.rank, name)
-            if shards.boxes(name) != expected:
-                raise ValueError(
-                    f"rank {self.rank}: shards hold {name} as {shards.boxes(name)}, the {kind} layout says {expected}"
-                )
+        self.scheme.check_shards(self.rank, shards)
 
     def _sync(self, device: torch.device) -> None:
         if device.type == "cuda":

@@ -208,7 +208,8 @@ class LocalShards:
     segments: dict[str, list[Segment]] = field(default_factory=dict)
 
     def boxes(self, name: str) -> tuple[Box, ...]:
-        return tuple(segment.box for segment in self.segments.get(name, ()))
+        """The non-empty boxes of ``name`` this rank holds (FSDP2 gives late ranks empty chunks of short tensors)."""
+        return tuple(segment.box for segment in self.segments.get(name, ()) if box_numel(segment.box))
 
     def view(self, name: str, segment: Segment) -> torch.Tensor:
         rows = segment.box[0][1] - segment.box[0][0]

@@ -57,6 +57,8 @@ def _check_layout(spec, groups, schemes, bucket_bytes, dtype=torch.float32):
             shards = {r: megatron_shards(spec, groups, r, source) for r in range(world)}
         else:
             shards = {r: fsdp_shards(spec, world, r, source) for r in range(world)}
+        for rank, rank_shards in shards.items():
+            scheme.check_shards(rank, rank_shards)  # what the executor checks before it moves anything
         result = simulate(scheme, shards, bucket_bytes)
         for rank in range(world):
             outputs = result.outputs[rank]
@@ -208,6 +210,11 @@ def test_scheme_errors_name_the_fix():
         Scheme("fsdp_to_tp", spec, _groups(2, 1, 1))
     with pytest.raises(ValueError, match="choose from"):
         Scheme("zero3", spec, _groups(2, 1, 1))
+    scheme = Scheme("hybridflow", spec, _groups(2, 1, 1))
+    with pytest.raises(ValueError, match="megatron training shards, got fsdp"):
+        scheme.check_shards(0, fsdp_shards(spec, 2, 0, synthetic_source()))
+    with pytest.raises(ValueError, match="rank 0: shards hold"):
+        scheme.check_shards(0, megatron_shards(spec, _groups(2, 1, 1), 1, synthetic_source()))
     with pytest.raises(ValueError, match="feeder"):
         Scheme("gather_to_feeders", spec, _groups(1, 1, 1, fsdp_world=2))
     moe = build_spec("qwen3_30b_a3b")
