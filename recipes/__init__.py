@@ -1,0 +1,28 @@
+"""klppo-recipes: Hydra recipes for KL-PPO and GRPO on verl: ``python -m recipes.grpo`` / ``recipes.kl_ppo``."""
+
+
+def _expose_hydra_plugin() -> None:
+    """Let Hydra find the pack's launcher plugin (hydra_plugins/klppo_launcher) in an editable install too.
+
+    Hydra 1.3 lists the ``hydra_plugins`` namespace folder by folder; a PEP 660 editable install (``pip install -e``)
+    maps the package through an import hook that such a listing does not see (facebookresearch/hydra#2359). Add the
+    plugin's real folder to the namespace path, as a plain list so later sys.path changes do not drop it.
+    """
+    import importlib.util
+    import os
+
+    try:
+        spec = importlib.util.find_spec("hydra_plugins.klppo_launcher")
+        if spec is None or not spec.origin:
+            return
+        import hydra_plugins
+
+        folder = os.path.dirname(os.path.dirname(spec.origin))
+        paths = list(hydra_plugins.__path__)
+        if folder not in paths:
+            hydra_plugins.__path__ = [*paths, folder]
+    except Exception:  # noqa: BLE001 - never stop an import over this: sweeps then use Hydra's own launcher
+        return
+
+
+_expose_hydra_plugin()

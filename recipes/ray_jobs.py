@@ -328,10 +328,18 @@ class JobSpec:
     runtime_env: dict = field(default_factory=dict)
     demand: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    shown: list[str] | None = None
+    """the overrides that tell this job apart from the sweep's others (default: all of them)"""
 
     @property
     def label(self) -> str:
-        return " ".join(self.overrides) or "(no overrides)"
+        return " ".join(self.overrides if self.shown is None else self.shown) or "(no overrides)"
+
+
+def distinguishing(overrides: Sequence[Sequence[str]]) -> list[list[str]]:
+    """Per job, the overrides that not every job of the sweep shares (the swept values)."""
+    common = set.intersection(*(set(o) for o in overrides)) if overrides else set()
+    return [[a for a in o if a not in common] for o in overrides]
 
 
 @dataclass
@@ -378,6 +386,8 @@ def run_sweep(client, specs: Sequence[JobSpec], *, total: dict[str, float], free
         if spec.error is not None:
             results[spec.num] = JobResult(spec.num, spec.overrides, str(spec.run_dir), "NOT_SUBMITTED", None,
                                           message=spec.error)
+            _write_job_record(spec.run_dir, {"status": "NOT_SUBMITTED", "message": spec.error,
+                                             "overrides": spec.overrides})
             echo(f"#{spec.num} {spec.label}: not submitted: {spec.error}")
         else:
             pending.append(spec)
@@ -398,6 +408,8 @@ def run_sweep(client, specs: Sequence[JobSpec], *, total: dict[str, float], free
                 message = " ".join(str(error).split())[:300]
                 results[spec.num] = JobResult(spec.num, spec.overrides, str(spec.run_dir), "NOT_SUBMITTED", None,
                                               message=f"the cluster refused the job: {message}")
+                _write_job_record(spec.run_dir, {"status": "NOT_SUBMITTED", "message": results[spec.num].message,
+                                                 "overrides": spec.overrides})
                 echo(f"#{spec.num} {spec.label}: refused by the cluster: {message}")
                 pending.remove(spec)
                 continue
@@ -417,21 +429,32 @@ def run_sweep(client, specs: Sequence[JobSpec], *, total: dict[str, float], free
                 continue
             info = client.get_job_info(job_id)
             try:
-                (spec.run_dir / JOB_LOG).write_text(client.get_job_logs(job_id))
+                log_text = client.get_job_logs(job_id)
+                (spec.run_dir / JOB_LOG).write_text(log_text)
             except Exception:  # noqa: BLE001 - the log is a convenience
-                pass
+                log_text = ""
             seconds = round(time.monotonic() - started, 1)
+            message = info.message
+            if status != "SUCCEEDED":
+                # the job's own last words say more than Ray's "entrypoint command failed ..."
+                last = [line for line in log_text.splitlines() if line.strip()]
+                message = last[-1].strip()[:300] if last else message
             result = JobResult(spec.num, spec.overrides, str(spec.run_dir), status, exit_code_of(info), job_id,
-                               seconds, info.message)
+                               seconds, message)
             results[spec.num] = result
             record = json.loads((spec.run_dir / JOB_RECORD).read_text())
-            record.update(status=status, exit_code=result.exit_code, seconds=seconds, message=info.message)
+            record.update(status=status, exit_code=result.exit_code, seconds=seconds, message=message)
             (spec.run_dir / JOB_RECORD).write_text(json.dumps(record, indent=2, default=str) + "\n")
             in_use.subtract(spec.demand)
             del running[job_id]
             echo(f"#{spec.num} {spec.label}: {status} in {seconds:g} s, exit code {result.exit_code} "
                  f"(run folder {spec.run_dir})")
     return [results[spec.num] for spec in specs]
+
+
+def _write_job_record(run_dir: Path, record: dict) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / JOB_RECORD).write_text(json.dumps(record, indent=2, default=str) + "\n")
 
 
 def write_sweep_record(sweep_dir: Path, results: Sequence[JobResult], address: str) -> Path:
@@ -442,11 +465,13 @@ def write_sweep_record(sweep_dir: Path, results: Sequence[JobResult], address: s
 
 
 def summary_table(results: Sequence[JobResult]) -> str:
+    """One line per job: status, exit code, seconds, run folder and the overrides that set it apart."""
+    shown = distinguishing([r.overrides for r in results]) if len(results) > 1 else [r.overrides for r in results]
     lines = [f"{'#':>3}  {'status':<13} {'exit':>4} {'seconds':>8}  run folder  (overrides)"]
-    for r in results:
+    for r, label in zip(results, shown, strict=True):
         seconds = "" if r.seconds is None else f"{r.seconds:g}"
         code = "" if r.exit_code is None else str(r.exit_code)
-        lines.append(f"{r.num:>3}  {r.status:<13} {code:>4} {seconds:>8}  {r.run_dir}  ({' '.join(r.overrides)})")
+        lines.append(f"{r.num:>3}  {r.status:<13} {code:>4} {seconds:>8}  {r.run_dir}  ({' '.join(label)})")
         if not r.ok and r.message:
             lines.append(f"{'':>5}{r.message.splitlines()[0][:200]}")
     return "\n".join(lines)

@@ -5,11 +5,12 @@
 Each job is composed here first (and validated unless ``hydra.launcher.validate_first=false``): a job whose config
 fails is reported and not submitted, the others run. Each job runs ``python -m recipes.<recipe> <its overrides>
 launcher=local hydra.run.dir=<sweep dir>/<n>`` on the cluster. Every job's status, exit code and run folder are
-printed at the end and written to ``<sweep dir>/sweep_results.json``; the sweep exits non-zero when any job failed,
-after all of them ran. Kept light: Hydra imports this module while scanning for plugins.
+printed at the end and written to ``<sweep dir>/sweep_results.json``; the sweep exits 1 when any job failed, after
+all of them ran. Kept light: Hydra imports this module while scanning for plugins.
 """
 
 import logging
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,10 +46,6 @@ class RayJobsLauncherConf:
 
 ConfigStore.instance().store(group="hydra/launcher", name="klppo_ray", node=RayJobsLauncherConf,
                              provider="klppo-recipes")
-
-
-class SweepJobFailed(RuntimeError):
-    """A job of the sweep did not succeed (raised by Hydra's sweeper once every job has finished)."""
 
 
 class RayJobsLauncher(Launcher):
@@ -91,10 +88,12 @@ class RayJobsLauncher(Launcher):
         log.info(f"Launching {len(job_overrides)} jobs as Ray Jobs on {ray_jobs.dashboard_url(address)} "
                  f"(free: {ray_jobs._short({k: v for k, v in free.items() if k in ('CPU', 'GPU')})})")
         specs, configs = [], {}
+        shown = ray_jobs.distinguishing([list(o) for o in job_overrides])
         for idx, overrides in enumerate(job_overrides):
             num = initial_job_idx + idx
-            log.info(f"\t#{num} : {' '.join(filter_overrides(overrides))}")
+            log.info(f"\t#{num} : {' '.join(filter_overrides(shown[idx])) or '(no overrides)'}")
             spec, job_cfg = self._prepare(num, list(overrides), sweep_dir, recipe)
+            spec.shown = shown[idx]
             specs.append(spec)
             configs[num] = job_cfg
         timeout = self.timeout_s or OmegaConf.select(self.config, "launcher.timeout_s", default=None)
@@ -104,20 +103,16 @@ class RayJobsLauncher(Launcher):
         failed = sum(not r.ok for r in results)
         log.info(f"{len(results) - failed} of {len(results)} jobs succeeded; results in {record}\n"
                  + ray_jobs.summary_table(results))
+        if failed:
+            # every job has run; Hydra's sweeper would stop here too, with a traceback of its own frames
+            print(f"sweep: {failed} of {len(results)} jobs did not succeed (see {record})", file=sys.stderr)
+            sys.exit(1)
         returns = []
         for result in results:
             ret = JobReturn(overrides=result.overrides, cfg=configs.get(result.num), working_dir=result.run_dir,
                             task_name=recipe)
-            if result.ok:
-                ret.status = JobStatus.COMPLETED
-                ret.return_value = result
-            else:
-                ret.status = JobStatus.FAILED
-                ret._return_value = SweepJobFailed(
-                    f"{failed} of {len(results)} jobs failed (all ran; see {record}); first: job #{result.num} "
-                    f"({' '.join(result.overrides)}) {result.status}, exit code {result.exit_code}: "
-                    f"{(result.message or '').splitlines()[0] if result.message else ''}"
-                )
+            ret.status = JobStatus.COMPLETED
+            ret.return_value = result
             returns.append(ret)
         return returns
 
