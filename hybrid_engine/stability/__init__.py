@@ -1,0 +1,43 @@
+"""KL control, the KL guard, monitoring bands and the rollback supervisor for verl 0.9.1 runs.
+
+==================  =====================================================================================
+module              what
+==================  =====================================================================================
+``kl_control``      target schedules (fixed, adaptive, ramp) and the loss-side coefficient controller
+``guard``           the KL guard's logic: stop a step's remaining PPO updates past ``kl.guard.max_kl``
+``verl_hooks``      imported in every verl process: registers the trainer, wires the guard into the worker
+``trainer``         ``StabilityTrainer``: verl's sync v1 trainer + guard, KL control, fault detection
+``bands``           monitoring bands: evaluation, driver monitor, summary (bands.json / bands.txt)
+``rollback``        the supervisor: attempts in child processes, degradations, attempts.jsonl
+``entropy``         the Clip-Cov / KL-Cov on-policy warning
+==================  =====================================================================================
+
+:func:`supervise` is what ``recipes/train.py`` calls around verl's ``run_ppo``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from hybrid_engine.stability.entropy import entropy_warnings
+
+__all__ = ["HOOKS_MODULE", "entropy_warnings", "supervise"]
+
+HOOKS_MODULE = "hybrid_engine.stability.verl_hooks"
+"""Module to name in ``VERL_USE_EXTERNAL_MODULES`` so every Ray worker registers the trainer and the guard."""
+
+
+def supervise(cfg, run_dir: Path, runner: Callable, metrics_path: Path, out=print) -> None:
+    """Run ``runner(cfg)`` (verl's run_ppo) under the bands monitor; with ``stability.mode=auto`` under the
+    rollback supervisor (attempts in child processes; ``runner`` must be a module-level function)."""
+    from hybrid_engine.stability.bands import BandMonitor, bands_from_config
+
+    mode = str((cfg.get("stability") or {}).get("mode", "off"))
+    with BandMonitor(metrics_path, bands_from_config(cfg), run_dir, out=out):
+        if mode == "auto":
+            from hybrid_engine.stability.rollback import Supervisor
+
+            Supervisor(cfg, run_dir, runner, out=out).run()
+        else:
+            runner(cfg)

@@ -1,0 +1,146 @@
+"""The pack's v1 trainer: verl 0.9.1's synchronous PPO trainer plus the KL guard, KL control and fault detection.
+
+Selected with ``trainer.v1.trainer_mode=stability`` (the ``stability/`` group sets it) through verl's own trainer
+registry (:mod:`.verl_hooks` registers it in every process). Once built it runs exactly as verl's ``sync`` mode; it
+overrides only:
+
+- ``_update_actor``: sends the guard threshold and the controller's loss-side KL coefficient with the update batch,
+  checks that the guard answered (a guard that did not run is an error, not a silent skip), and lifts the worker's
+  ``actor/guard/*`` metrics to ``guard/*``;
+- ``step``: before, the in-reward controller gets the scheduled target; after, fault detection (NaN/Inf loss, repeated
+  band violations, an injected fault) raises :class:`StabilityFault` *before* verl saves the step's checkpoint, then
+  :class:`~.kl_control.KLControl` updates and its ``kl_control/*`` metrics join the step's;
+- ``_save_checkpoint`` / ``_load_checkpoint``: the controller's state goes into, and comes back from, each
+  ``global_step_<n>`` folder (``kl_control.json``), together with verl's in-reward coefficient.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+from hybrid_engine.stability.bands import Band, bands_from_config, evaluate
+from hybrid_engine.stability.guard import GUARD_KEY, KL_COEF_KEY, METRICS
+from hybrid_engine.stability.kl_control import KLControl, KLSettings
+
+logger = logging.getLogger(__name__)
+
+FAULT_MARKER = "StabilityFault"
+LOSS_KEYS = ("actor/pg_loss", "actor/loss", "actor/kl_loss", "critic/vf_loss", "critic/loss")
+
+
+class StabilityFault(RuntimeError):
+    """A training step turned unstable; the message starts with ``StabilityFault[<reason>]``."""
+
+    def __init__(self, reason: str, detail: str):
+        self.reason = reason
+        super().__init__(f"{FAULT_MARKER}[{reason}] {detail}")
+
+
+class StabilityTrainer(PPOTrainerSync):
+    """verl's ``PPOTrainerSync`` with the guard, the KL controller and fault detection."""
+
+    def __init__(self, config):
+        # registered under its own name, it runs as verl's sync mode (replay buffer, checkpoints, refill rules)
+        config.trainer.v1.trainer_mode = "sync"
+        super().__init__(config)
+        self.kl_control = KLControl(KLSettings.from_config(config))
+        stability = config.get("stability") or {}
+        self.stability_mode = str(stability.get("mode", "off"))
+        self.band_limit = int(stability.get("band_violations", 0) or 0)
+        self.inject = dict(stability.get("inject") or {})
+        self.attempt = int(stability.get("attempt", 0) or 0)
+        self.bands: list[Band] = bands_from_config(config)
+        self._unstable_streak = 0
+
+    # ---- the actor update: guard and coefficient go with the batch ----
+
+    def _update_actor(self, batch, metrics):
+        max_kl = self.kl_control.settings.max_kl
+        if max_kl is not None:
+            batch.extra_info[GUARD_KEY] = max_kl
+        if self.kl_control.drives_loss_coef and self.config.actor_rollout_ref.actor.use_kl_loss:
+            batch.extra_info[KL_COEF_KEY] = self.kl_control.state.loss_coef
+        batch = super()._update_actor(batch, metrics)
+        for key in METRICS:
+            value = metrics.pop(f"actor/{key}", None)
+            if value is not None:
+                metrics[key] = value
+        if max_kl is not None and "guard/updates" not in metrics:
+            raise RuntimeError(
+                "stability: the KL guard did not report from the actor's update: hybrid_engine.stability.verl_hooks "
+                "is not loaded in the Ray workers (VERL_USE_EXTERNAL_MODULES)"
+            )
+        return batch
+
+    # ---- the step: schedule, fault detection, controller update ----
+
+    def step(self, metrics, timing_raw):
+        reward_ctrl = getattr(self, "kl_ctrl_in_reward", None)
+        if reward_ctrl is not None and hasattr(reward_ctrl, "target") and self.kl_control.state.target is not None:
+            reward_ctrl.target = self.kl_control.state.target
+        batch = super().step(metrics, timing_raw)
+        self._inject_faults(metrics)
+        self._detect_faults(metrics)
+        if reward_ctrl is not None:
+            self.kl_control.state.reward_coef = float(reward_ctrl.value)
+        measured = metrics.get("actor/kl_loss")
+        n_sequences = self.config.data.train_batch_size * self.config.actor_rollout_ref.rollout.n
+        metrics.update(self.kl_control.update(self.global_steps, measured, n_sequences))
+        return batch
+
+    def _inject_faults(self, metrics) -> None:
+        """Test hook: ``stability.inject.nan_at_step=N`` turns step N's policy loss into NaN (first attempt only)."""
+        if self.attempt != int(self.inject.get("attempt", 0) or 0):
+            return
+        if self.inject.get("nan_at_step") == self.global_steps:
+            logger.warning("stability: injecting a NaN policy loss at step %d", self.global_steps)
+            metrics["actor/pg_loss"] = float("nan")
+        if self.inject.get("kill_at_step") == self.global_steps:
+            logger.warning("stability: killing the TaskRunner process at step %d", self.global_steps)
+            os._exit(137)
+
+    def _detect_faults(self, metrics) -> None:
+        for key in LOSS_KEYS:
+            value = metrics.get(key)
+            if value is not None and not math.isfinite(float(value)):
+                raise StabilityFault("nan_loss", f"{key}={value} at step {self.global_steps}")
+        if self.stability_mode != "auto" or self.band_limit <= 0:
+            return
+        unstable = [v for v in evaluate(metrics, self.bands) if v.unstable]
+        self._unstable_streak = self._unstable_streak + 1 if unstable else 0
+        if self._unstable_streak >= self.band_limit:
+            listed = "; ".join(v.describe() for v in unstable)
+            raise StabilityFault("bands", f"{self._unstable_streak} steps in a row outside a band at step "
+                                          f"{self.global_steps}: {listed}")
+
+    # ---- checkpoints carry the controller ----
+
+    def _save_checkpoint(self):
+        super()._save_checkpoint()
+        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        self.kl_control.save(folder)
+
+    def _load_checkpoint(self):
+        super()._load_checkpoint()
+        if self.global_steps == 0:
+            return
+        folder = self.config.trainer.default_local_dir
+        if not os.path.isabs(folder):
+            folder = os.path.join(os.getcwd(), folder)
+        if self.config.trainer.resume_mode == "resume_path":
+            folder = self.config.trainer.resume_from_path
+        else:
+            folder = os.path.join(folder, f"global_step_{self.global_steps}")
+        if not self.kl_control.load(folder):
+            logger.warning("stability: %s has no kl_control.json; the KL controller starts afresh", folder)
+            return
+        reward_ctrl = getattr(self, "kl_ctrl_in_reward", None)
+        if reward_ctrl is not None and self.kl_control.state.reward_coef is not None:
+            reward_ctrl.value = self.kl_control.state.reward_coef
+        logger.warning("stability: KL controller restored from %s: step %d, target %s, loss coef %r",
+                       folder, self.kl_control.state.step, self.kl_control.state.target,
+                       self.kl_control.state.loss_coef)
