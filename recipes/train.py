@@ -24,6 +24,8 @@ def run_env(cfg: DictConfig, run_dir: Path) -> dict[str, str]:
         # verl hides plugin import errors; naming the plugin here makes a refusal (wrong verl) loud in every worker
         "VERL_USE_EXTERNAL_MODULES": "hybrid_engine.verl_plugin",
     }
+    # stability (hybrid_engine.stability): its trainer and KL guard are registered in every Ray worker
+    env["VERL_USE_EXTERNAL_MODULES"] += ",hybrid_engine.stability.verl_hooks"
     # TransferQueue asks torch for 8 threads and warns on every put/get where the machine has fewer cores
     import psutil
 
@@ -65,7 +67,6 @@ def run_training(checked) -> None:
     for line in record_for_training(cfg, run_dir):
         print(line)
 
-    from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
     from verl.utils.device import auto_set_device
 
     auto_set_device(cfg)
@@ -73,13 +74,23 @@ def run_training(checked) -> None:
     metrics_path = run_dir / "metrics.jsonl"
     print(f"training: {checked.cfg.run.name} in {run_dir} (metrics.jsonl, checkpoints/, curves.png)", flush=True)
     with ProgressPrinter(metrics_path, total):
-        if cfg.trainer.use_v1:
-            run_ppo(cfg, task_runner_class=TaskRunnerV1)
-        else:
-            from verl.trainer.main_ppo_v0 import TaskRunner
+        # stability (hybrid_engine.stability): monitoring bands; under stability=auto the rollback supervisor
+        from hybrid_engine.stability import supervise
 
-            run_ppo(cfg, task_runner_class=TaskRunner)
+        supervise(cfg, run_dir, run_verl, metrics_path)
     summarize(metrics_path, run_dir, title=f"{cfg.run.name}: {cfg.model.name}, {cfg.strategy.name}")
+
+
+def run_verl(cfg: DictConfig) -> None:
+    """verl's own trainer on the config (module level: the rollback supervisor runs it in a child process)."""
+    from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
+
+    if cfg.trainer.use_v1:
+        run_ppo(cfg, task_runner_class=TaskRunnerV1)
+    else:
+        from verl.trainer.main_ppo_v0 import TaskRunner
+
+        run_ppo(cfg, task_runner_class=TaskRunner)
 
 
 def summarize(metrics_path: Path, run_dir: Path, title: str = "") -> None:

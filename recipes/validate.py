@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hybrid_engine.layout import FSDP_ORDER, InferLayout, TrainLayout, collect_layout_errors
 from hybrid_engine.model_spec import ModelArch, load_arch
+from hybrid_engine.stability.entropy import entropy_warnings
 from recipes.errors import ConfigError
 
 FSDP_STRATEGIES = ("fsdp", "fsdp2")
@@ -288,6 +289,7 @@ def inspect(cfg: DictConfig, *, run_verl: bool = True) -> Checked:
         use_critic = bool(_safe(lambda: need_critic(cfg), False))
         use_ref = bool(_safe(lambda: need_reference_policy(cfg), False))
     arch = load_model_arch(cfg, problems)
+    warnings.extend(entropy_warnings(cfg))  # entropy=clip_cov|kl_cov under strictly on-policy updates
     if train is not None:
         _check_batches(cfg, train, use_critic, problems)
         _check_token_budgets(cfg, train, use_critic, use_ref, problems, warnings)

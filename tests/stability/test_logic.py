@@ -1,0 +1,122 @@
+"""The stability package's logic without a training run: schedules, controller state, guard, bands, degradations."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from omegaconf import OmegaConf
+
+from hybrid_engine.stability.bands import BandTally, bands_from_config, evaluate
+from hybrid_engine.stability.entropy import entropy_warnings
+from hybrid_engine.stability.guard import KLGuard, scalar
+from hybrid_engine.stability.kl_control import KLControl, KLSettings, proportional_update, ramp_target
+from hybrid_engine.stability.rollback import classify, degrade
+
+
+def _cfg(*overrides):
+    from recipes.compose import compose_recipe
+
+    return compose_recipe("grpo", ["parallel=cpu", "cluster=cpu", "rollout=hf", "model=tiny", "task=tiny", *overrides])
+
+
+def test_ramp_moves_target_from_start_to_end():
+    assert [ramp_target(s, 0.1, 0.3, 4) for s in range(6)] == pytest.approx([0.1, 0.15, 0.2, 0.25, 0.3, 0.3])
+
+
+def test_adaptive_coefficient_follows_verl_rule_and_state_round_trips(tmp_path):
+    control = KLControl(KLSettings(mode="adaptive", target=0.1, horizon=100.0, init_loss_coef=0.01))
+    coefs = [control.state.loss_coef]
+    for step, kl in enumerate([0.5, 0.5, 0.0, 0.1], start=1):
+        control.update(step, kl, n_sequences=10)
+        coefs.append(control.state.loss_coef)
+    # KL above target: +20% error * 10/100 per step; below: -20%; on target: unchanged
+    assert coefs == pytest.approx([0.01, 0.0102, 0.010404, 0.01019592, 0.01019592])
+    assert proportional_update(1.0, 0.2, 0.1, 100, 100.0) == pytest.approx(1.2)
+    control.save(tmp_path)
+    restored = KLControl(KLSettings(mode="adaptive", target=0.1))
+    assert restored.load(tmp_path)
+    assert restored.state_dict() == control.state_dict()  # exactly, floats included
+    assert json.loads((tmp_path / "kl_control.json").read_text())["state"]["loss_coef"] == control.state.loss_coef
+
+
+def test_fixed_mode_leaves_coefficient():
+    control = KLControl(KLSettings(mode="fixed", init_loss_coef=0.001))
+    metrics = control.update(1, 5.0, 40)
+    assert control.state.loss_coef == 0.001 and "kl_control/target" not in metrics
+
+
+def test_settings_from_each_kl_option():
+    assert KLSettings.from_config(_cfg("kl=ramp", "kl.ramp.steps=4")).ramp_steps == 4
+    adaptive = KLSettings.from_config(_cfg("kl=adaptive"))
+    assert (adaptive.mode, adaptive.target, adaptive.max_kl) == ("adaptive", 0.1, 0.5)
+
+
+def test_guard_stops_after_the_update_that_passes_max_kl():
+    guard = KLGuard(0.5, planned=8)
+    seen = []
+    for i in guard.iterate(range(8)):
+        seen.append(i)
+        guard.observe([0.0, 0.1, 0.7, 0.2][i] if i < 4 else 0.0)
+    assert seen == [0, 1, 2]
+    assert guard.metrics() == {"guard/stopped": 1.0, "guard/updates": 3.0, "guard/planned": 8.0, "guard/kl": 0.7}
+    quiet = KLGuard(0.5, planned=2)
+    for _ in quiet.iterate(range(2)):
+        quiet.observe(0.1)
+    assert quiet.metrics()["guard/stopped"] == 0.0 and quiet.metrics()["guard/updates"] == 2.0
+    nan = KLGuard(0.5, planned=2)
+    assert nan.observe(float("nan"))
+    assert scalar([1.0, 3.0]) == 2.0 and scalar(None) is None
+
+
+def test_bands_warn_count_and_summarize(tmp_path):
+    bands = bands_from_config(_cfg())
+    assert {b.name for b in bands} == {"kl_mean", "grad_norm", "entropy", "weight_sync_s", "comm_share"}
+    tally = BandTally(bands)
+    step1 = {"actor/kl_loss": 0.1, "actor/grad_norm": 2.0, "actor/entropy": 0.01, "timing_s/update_weights": 0.5,
+             "timing_s/step": 2.0}
+    found = {v.band: v for v in tally.add(1, step1)}
+    assert set(found) == {"grad_norm", "entropy", "weight_sync_s", "comm_share"}
+    assert found["grad_norm"].unstable and found["entropy"].unstable and not found["comm_share"].unstable
+    tally.add(2, {"actor/kl_loss": 0.3, "actor/grad_norm": 0.5})
+    rows = {r["band"]: r for r in tally.rows()}
+    assert rows["kl_mean"]["violations"] == 1 and rows["kl_mean"]["high"] == 1 and rows["grad_norm"]["steps"] == 2
+    json_path, txt_path = tally.write(tmp_path)
+    assert json.loads(json_path.read_text())["summary"][0]["band"] == "kl_mean"
+    assert "grad_norm" in txt_path.read_text()
+    assert bands_from_config(_cfg("monitor=off")) == []
+    assert evaluate({"actor/grad_norm": float("inf")}, bands)[0].side == "nan"
+
+
+def test_degradations_in_order():
+    cfg = _cfg("overlap=prefetch")
+    assert cfg.actor_rollout_ref.actor.fsdp_config.forward_prefetch is True
+    changed = degrade(cfg, "forward_prefetch_off")
+    assert cfg.actor_rollout_ref.actor.fsdp_config.forward_prefetch is False and changed
+    micro = cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu
+    degrade(cfg, "batch_minus_20")
+    assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == int(micro * 0.8)
+    degrade(cfg, "offload_on")
+    assert cfg.actor_rollout_ref.actor.fsdp_config.param_offload is True
+    assert cfg.actor_rollout_ref.actor.fsdp_config.optimizer_offload is True
+
+
+def test_failure_reasons():
+    assert classify("RuntimeError: StabilityFault[nan_loss] actor/pg_loss=nan at step 3") == "nan_loss"
+    assert classify("torch.OutOfMemoryError: CUDA out of memory") == "oom"
+    assert classify("ray.exceptions.ActorDiedError: The actor died") == "worker_died"
+    assert classify("FileNotFoundError: data.parquet") == "error"
+
+
+def test_entropy_warning_only_on_policy():
+    assert entropy_warnings(_cfg("entropy=clip_cov")) and entropy_warnings(_cfg("entropy=kl_cov"))
+    assert not entropy_warnings(_cfg("entropy=none"))
+    assert not entropy_warnings(_cfg("entropy=kl_cov", "actor_rollout_ref.actor.ppo_mini_batch_size=4"))
+    assert not entropy_warnings(_cfg("entropy=clip_cov", "actor_rollout_ref.actor.ppo_epochs=2"))
+
+
+def test_stability_options_select_the_pack_trainer():
+    for option in ("off", "auto"):
+        cfg = _cfg(f"stability={option}")
+        assert cfg.trainer.v1.trainer_mode == "stability" and cfg.stability.mode == option
+        assert OmegaConf.select(cfg, "stability.inject.nan_at_step") is None
