@@ -28,6 +28,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+ENV_VARS = "ray_kwargs.ray_init.runtime_env.env_vars"
+LOGGER_ENV = "VERL_FILE_LOGGER_PATH"
 RETRYABLE = ("nan_loss", "bands", "oom", "worker_died")
 DEGRADATIONS = ("forward_prefetch_off", "batch_minus_20", "offload_on")
 
@@ -109,13 +111,43 @@ def checkpoints(folder: Path) -> list[int]:
 
 def _attempt_main(container: dict, fault_path: str, runner: Callable) -> None:
     """Child process: rebuild the config, run verl, write the failure (if any) for the parent."""
+    import os
+
     cfg = OmegaConf.create(container)
+    metrics = OmegaConf.select(cfg, f"{ENV_VARS}.{LOGGER_ENV}", default=None)
+    if metrics:
+        os.environ[LOGGER_ENV] = metrics
     try:
         runner(cfg)
     except BaseException as error:  # noqa: BLE001 - everything is reported to the parent, then re-raised
         text = "".join(traceback.format_exception(error))
         Path(fault_path).write_text(json.dumps({"reason": classify(text), "message": text[-4000:]}))
         raise
+
+
+class MetricsTee:
+    """Appends each attempt's metrics lines (verl's file logger truncates its file at start) to the run's
+    metrics.jsonl, tagged with the attempt, so the progress printer and the bands monitor follow one file."""
+
+    def __init__(self, source: Path, target: Path, attempt: int):
+        self.source, self.target, self.attempt, self._done = source, target, attempt, 0
+
+    def pump(self) -> None:
+        if not self.source.is_file():
+            return
+        lines = self.source.read_text().splitlines(keepends=True)
+        complete = [line for line in lines if line.endswith("\n")]
+        new = complete[self._done:]
+        if not new:
+            return
+        with self.target.open("a") as f:
+            for line in new:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                f.write(json.dumps({**row, "attempt": self.attempt}) + "\n")
+        self._done = len(complete)
 
 
 class Supervisor:
@@ -127,6 +159,10 @@ class Supervisor:
         self.max_attempts = int(stability.get("max_attempts", 3))
         self.degradations = list(stability.get("degradations") or DEGRADATIONS)
         self.log_path = self.run_dir / "attempts.jsonl"
+        self.metrics_path = Path(OmegaConf.select(cfg, f"{ENV_VARS}.{LOGGER_ENV}", default=None)
+                                 or self.run_dir / "metrics.jsonl")
+        if int(OmegaConf.select(cfg, "trainer.save_freq", default=-1) or -1) <= 0:
+            out("stability: trainer.save_freq <= 0: no checkpoint to roll back to; a restart starts from step 0")
         self.ckpt_dir = Path(cfg.trainer.default_local_dir)
 
     def _record(self, entry: dict) -> None:
@@ -143,14 +179,21 @@ class Supervisor:
             OmegaConf.update(self.cfg, "stability.attempt", attempt, force_add=True)
             OmegaConf.update(self.cfg, "trainer.resume_mode", "auto")
             container = OmegaConf.to_container(self.cfg, resolve=True)
-            (self.run_dir / f"attempt_{attempt}_config.yaml").write_text(OmegaConf.to_yaml(container))
             fault_path = self.run_dir / f"attempt_{attempt}_fault.json"
             fault_path.unlink(missing_ok=True)
             before = checkpoints(self.ckpt_dir)
             started = time.time()
+            tee = MetricsTee(self.run_dir / f"metrics.attempt_{attempt}.jsonl", self.metrics_path, attempt)
+            env_vars = container.setdefault("ray_kwargs", {}).setdefault("ray_init", {})
+            env_vars = env_vars.setdefault("runtime_env", {}).setdefault("env_vars", {})
+            env_vars[LOGGER_ENV] = str(tee.source)
+            (self.run_dir / f"attempt_{attempt}_config.yaml").write_text(OmegaConf.to_yaml(container))
             proc = ctx.Process(target=_attempt_main, args=(container, str(fault_path), self.runner))
             proc.start()
-            proc.join()
+            while proc.is_alive():
+                tee.pump()
+                proc.join(timeout=0.5)
+            tee.pump()
             after = checkpoints(self.ckpt_dir)
             entry = {"attempt": attempt, "degradations": list(applied), "changes": changes,
                      "resumed_from_step": before[-1] if before else 0, "checkpoints_before": before,
