@@ -209,7 +209,7 @@ def report(args: argparse.Namespace, world: int, results: list[dict], backend: s
             counts = phase["collectives"]
             collectives = (
                 f"ag={counts['all_gather']} (in place {counts['in_place']}) bc={counts['broadcast']} "
-                f"a2a={counts['all_to_all']}"
+                f"p2p={counts['p2p_messages']}"
             )
             seconds = "/".join(f"{phase[key]:.2f}" for key in ("pack_s", "comm_s", "unpack_s", "assemble_s"))
             print(

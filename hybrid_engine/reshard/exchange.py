@@ -8,8 +8,11 @@ lacks, received once: the planner's count (``hybrid_engine.plan_bytes``), by con
 
 Cells whose receivers are all the other members of a group of the owner's chain go into that group's **all-gather**
 (one per group and bucket; a single contributor makes it a broadcast). The rest (copies of replicated tensors or of
-kv heads that several members hold, FSDP rows outside a rank's micro-DP group, row-parallel FSDP slices) go into one
-**all-to-all** over the step's widest group, each sender sending each receiver only what it lacks.
+kv heads that several members hold, the tied embedding for middle pipeline stages, FSDP rows outside a rank's
+micro-DP group, row-parallel FSDP slices) travel **point to point**, each sender sending each receiver only what it
+lacks (an all-to-all made of isend/irecv, so a cell that several ranks need is never copied once per receiver, and a
+cell that is a contiguous block on both sides is sent from and received into place). Where several members hold a
+cell, each receiver takes it from the first holder in its narrowest group that has one.
 
 Schemes (names as in the planner):
 
@@ -103,13 +106,15 @@ class Gather:
 
 @dataclass(frozen=True)
 class Exchange:
-    """The moves of one step, one bucket, one widest group: all-gathers inside subgroups, then one all-to-all."""
+    """The moves of one step, one bucket, one widest group: all-gathers inside subgroups, then point-to-point sends
+    (together an all-to-all)."""
 
     phase: str
     group: Group
     names: tuple[str, ...]
     gathers: tuple[Gather, ...]
-    a2a: tuple[Cell, ...]
+    p2p: tuple[Cell, ...]
+    """Cells sent point to point (isend/irecv) from owner to each receiver, in this order."""
 
     def gathers_of(self, rank: int) -> list[Gather]:
         return [gather for gather in self.gathers if rank in gather.members]
@@ -293,7 +298,7 @@ class Scheme:
             if chain[-1] != group:
                 raise AssertionError(f"rank {member}'s widest group {chain[-1]} != {group}")
         gather_cells: dict[Group, dict[int, list[Cell]]] = {}
-        a2a: list[Cell] = []
+        p2p: list[Cell] = []
         moved: list[str] = []
         for name in names:
             cells = self._cells(step, group, name, chains)
@@ -307,12 +312,12 @@ class Scheme:
                         gather_cells.setdefault(candidate, {}).setdefault(cell.owner, []).append(cell)
                         break
                 else:
-                    a2a.append(cell)
+                    p2p.append(cell)
         gathers = tuple(
             Gather(members=g, cells=tuple(tuple(by_owner.get(m, ())) for m in g))
             for g, by_owner in sorted(gather_cells.items())
         )
-        return Exchange(phase=self.steps[step].phase, group=group, names=tuple(moved), gathers=gathers, a2a=tuple(a2a))
+        return Exchange(phase=self.steps[step].phase, group=group, names=tuple(moved), gathers=gathers, p2p=tuple(p2p))
 
     def _cells(self, step: int, group: Group, name: str, chains: dict[int, tuple[Group, ...]]) -> list[Cell] | None:
         """Cells of ``name`` that move inside ``group`` ([] when nothing moves; None when no member targets it).
@@ -534,7 +539,7 @@ def simulate(scheme: Scheme, shards: dict[int, LocalShards], bucket_bytes: int |
                     for me in gather.members:
                         for flat, cells in zip(flats, gather.cells, strict=True):
                             _count(result, me, step.phase, unpack_cells(flat, cells, outputs[me], me))
-                for cell in exchange.a2a:
+                for cell in exchange.p2p:
                     flat = torch.empty(cell.numel, dtype=dtype)
                     pack_cells(flat, [cell], sources[cell.owner])
                     for me in cell.receivers:

@@ -3,10 +3,11 @@
 ``Resharder(spec, groups, scheme)`` is built on every rank (collectively: it creates the process groups the scheme
 needs, the same on all ranks). ``stream(shards)`` walks the model in buckets; for each bucket it runs the scheme's
 steps (``exchange.Scheme``): generation tensors are views of the rank's own storage where they can be, else new
-tensors with the rank's own part copied in; then one all-gather per group (an all-gather into one flat buffer whose
-own slot the rank packs in place; a broadcast when only one member contributes) and, where the plan has any, one
-all-to-all; then it yields ``(hf_name, tensor)`` and drops its references. Every rank must exhaust
-the stream, also a rank that yields nothing (the collectives run inside it).
+tensors with the rank's own part copied in; then one all-gather per group (into one flat buffer whose own slot the
+rank packs in place, or straight into the generation tensor when the slots are its equal slices; a broadcast when
+only one member contributes) and, where the plan has any, point-to-point sends; then it yields ``(hf_name, tensor)``
+and drops its references. Every rank must exhaust the stream, also a rank that yields nothing (the collectives run
+inside it).
 
 Uneven contributions travel in equal padded slots (gloo has no uneven all-gather); ``stats.received_bytes`` counts
 the payload (equal to the planner's bytes), ``stats.wire_bytes`` the padded slots. The backend is whatever
@@ -91,7 +92,7 @@ class Resharder:
         self.rank = dist.get_rank() if rank is None else rank
         self.bucket_bytes = bucket_bytes
         self.stats: ReshardStats | None = None
-        self._a2a_cache: dict[int, tuple] = {}
+        self._p2p_cache: dict[int, tuple] = {}
         _create_process_groups(self.scheme.all_groups())
 
     @property
@@ -145,8 +146,8 @@ class Resharder:
                 stats.phase(step.phase).assemble_s += time.perf_counter() - toc
                 for gather in exchange.gathers_of(self.rank):
                     self._gather(gather, step.phase, sources, outputs, stats, memory, dtype, device)
-                if exchange.a2a:
-                    self._all_to_all(exchange, step.phase, sources, outputs, stats, memory, dtype, device)
+                if exchange.p2p:
+                    self._point_to_point(exchange, step.phase, sources, outputs, stats, memory, dtype, device)
                 if step.final:
                     final.update(outputs.storage)
                 previous = outputs
@@ -258,48 +259,59 @@ class Resharder:
             return None
         return tensor.view(-1)
 
-    def _a2a_plan(self, exchange: Exchange):
+    def _p2p_plan(self, exchange: Exchange) -> tuple[list, list]:
         key = id(exchange)
-        if key not in self._a2a_cache:
-            members = exchange.group
-            send = [[c for c in exchange.a2a if c.owner == self.rank and m in c.receivers] for m in members]
-            recv = [[c for c in exchange.a2a if c.owner == m and self.rank in c.receivers] for m in members]
-            self._a2a_cache[key] = (exchange, send, recv)
-        return self._a2a_cache[key][1:]
+        if key not in self._p2p_cache:
+            sends = [c for c in exchange.p2p if c.owner == self.rank]
+            recvs = [c for c in exchange.p2p if self.rank in c.receivers]
+            self._p2p_cache[key] = (exchange, sends, recvs)  # the exchange is kept so its id stays unique
+        return self._p2p_cache[key][1:]
 
-    def _all_to_all(self, exchange: Exchange, phase, sources, outputs, stats, memory, dtype, device) -> None:
+    def _point_to_point(self, exchange: Exchange, phase, sources, outputs, stats, memory, dtype, device) -> None:
+        """Each owned cell goes to each of its receivers by isend; each missing cell comes by irecv. A cell that is a
+        contiguous block of the source is sent from place; one that is contiguous in the output lands in place."""
         timing = stats.phase(phase)
         element_size = torch.empty((), dtype=dtype).element_size()
-        send_cells, recv_cells = self._a2a_plan(exchange)
-        send_splits = [sum(c.numel for c in cells) for cells in send_cells]
-        recv_splits = [sum(c.numel for c in cells) for cells in recv_cells]
+        sends, recvs = self._p2p_plan(exchange)
         tic = time.perf_counter()
-        send = torch.empty(sum(send_splits), dtype=dtype, device=device)
-        offset = 0
-        for cells, length in zip(send_cells, send_splits, strict=True):
-            pack_cells(send.narrow(0, offset, length), cells, sources)
-            offset += length
-        recv = torch.empty(sum(recv_splits), dtype=dtype, device=device)
-        nbytes = (send.numel() + recv.numel()) * element_size
-        memory.alloc(nbytes)
+        ops, landing, extra = [], [], 0
+        for cell in sends:
+            view = sources.extract(cell.name, cell.box)
+            if not view.is_contiguous():
+                view = view.contiguous()
+                extra += view.numel() * element_size
+            ops += [dist.P2POp(dist.isend, view, receiver) for receiver in cell.receivers]
+        received: dict[str, int] = {}
+        for cell in recvs:
+            region = outputs.extract(cell.name, cell.box)
+            if region.is_contiguous():
+                buffer = region
+            else:
+                buffer = torch.empty(region.shape, dtype=dtype, device=device)
+                extra += buffer.numel() * element_size
+                landing.append((region, buffer))
+            ops.append(dist.P2POp(dist.irecv, buffer, cell.owner))
+            received[cell.name] = received.get(cell.name, 0) + cell.numel
+        memory.alloc(extra)
         self._sync(device)
         toc = time.perf_counter()
         timing.pack_s += toc - tic
-        dist.all_to_all_single(recv, send, recv_splits, send_splits, group=_process_group(exchange.group))
-        timing.all_to_alls += 1
+        if ops:
+            for request in dist.batch_isend_irecv(ops):
+                request.wait()
+        timing.p2p_rounds += 1
+        timing.p2p_messages += len(ops)
         self._sync(device)
         tic = time.perf_counter()
         timing.comm_s += tic - toc
-        stats.add_wire(phase, sum(recv_splits) * element_size)
-        offset = 0
-        for cells, length in zip(recv_cells, recv_splits, strict=True):
-            received = unpack_cells(recv.narrow(0, offset, length), cells, outputs, self.rank)
-            stats.add_received(phase, received, element_size)
-            offset += length
+        for region, buffer in landing:
+            region.copy_(buffer)
+        stats.add_received(phase, received, element_size)
+        stats.add_wire(phase, sum(received.values()) * element_size)
         self._sync(device)
         timing.unpack_s += time.perf_counter() - tic
-        del send, recv
-        memory.free(nbytes)
+        del ops, landing
+        memory.free(extra)
 
 
 def stream_to_feeders(

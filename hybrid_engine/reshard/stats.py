@@ -42,7 +42,10 @@ class PhaseStats:
     in_place_gathers: int = 0
     """All-gathers that wrote straight into the generation tensor (no buffer)."""
     broadcasts: int = 0
-    all_to_alls: int = 0
+    p2p_rounds: int = 0
+    """Rounds of point-to-point sends (one batch of isend/irecv per bucket and step)."""
+    p2p_messages: int = 0
+    """isend + irecv operations this rank posted."""
 
     @property
     def seconds(self) -> float:
@@ -62,7 +65,8 @@ class PhaseStats:
                 "all_gather": self.all_gathers,
                 "in_place": self.in_place_gathers,
                 "broadcast": self.broadcasts,
-                "all_to_all": self.all_to_alls,
+                "p2p_rounds": self.p2p_rounds,
+                "p2p_messages": self.p2p_messages,
             },
         }
 

@@ -61,7 +61,7 @@ def _record(case: str, scheme: str, rank: int, resharder, outputs: dict, referen
         "wire": stats.wire_bytes,
         "peak_extra": stats.peak_extra_bytes,
         "in_place": sum(phase.in_place_gathers for phase in stats.phases.values()),
-        "all_to_alls": sum(phase.all_to_alls for phase in stats.phases.values()),
+        "p2p_messages": sum(phase.p2p_messages for phase in stats.phases.values()),
     }
 
 
@@ -184,7 +184,7 @@ def _fsdp2_case(rank: int, world: int, case: dict) -> list[dict]:
             "wire": stats_out[0].wire_bytes,
             "peak_extra": stats_out[0].peak_extra_bytes,
             "in_place": 0,
-            "all_to_alls": sum(p.all_to_alls for p in stats_out[0].phases.values()),
+            "p2p_messages": sum(p.p2p_messages for p in stats_out[0].phases.values()),
         }
     )
     return records
