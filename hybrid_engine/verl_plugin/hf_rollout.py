@@ -120,13 +120,13 @@ class HFServer:
         self._pending.append((list(prompt_ids), dict(sampling_params), future))
         if self._batcher is None or self._batcher.done():
             self._batcher = asyncio.create_task(self._run_batches())
-        token_ids, log_probs = await future
+        token_ids, log_probs, weight_steps = await future
         return TokenOutput(
             token_ids=token_ids,
             log_probs=log_probs,
             stop_reason="completed",
             num_preempted=0,
-            extra_fields={"global_steps": self.global_steps},
+            extra_fields={"global_steps": weight_steps},
         )
 
     async def _run_batches(self) -> None:
@@ -169,7 +169,8 @@ class HFServer:
         return max(1, int(max_tokens)), temperature, top_p, top_k, bool(params.get("logprobs", False))
 
     @torch.no_grad()
-    def _generate_batch(self, prompts: list[list[int]], key: tuple) -> list[tuple[list[int], list[float] | None]]:
+    def _generate_batch(self, prompts: list[list[int]], key: tuple) -> list[tuple[list[int], list[float] | None, Any]]:
+        """Left-pad, generate, cut each row after its first eos: ``(token_ids, log_probs, weight version)`` per row."""
         from transformers import GenerationConfig
 
         max_new_tokens, temperature, top_p, top_k, want_logprobs = key
@@ -180,35 +181,36 @@ class HFServer:
             input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             attention_mask[row, width - len(prompt) :] = 1
         sample = temperature > 0
+        # When sampling, every knob is set: one left unset falls back to transformers' defaults (top_k=50), which
+        # would truncate sampling while verl's actor scores the full distribution. Greedy decoding uses none of them.
+        knobs = {"temperature": temperature, "top_p": top_p if 0.0 < top_p < 1.0 else 1.0, "top_k": max(top_k, 0)}
         generation_config = GenerationConfig(
             max_new_tokens=max_new_tokens,
             do_sample=sample,
-            temperature=temperature if sample else None,
-            top_p=top_p if sample and top_p < 1.0 else None,
-            top_k=top_k if sample and top_k > 0 else None,
+            **(knobs if sample else {}),
             eos_token_id=self.eos_token_ids,
             pad_token_id=self.pad_token_id,
             return_dict_in_generate=True,
-            output_logits=want_logprobs,
+            output_scores=want_logprobs,
         )
         with self._lock:
+            weight_steps = self.global_steps
             out = self.model.generate(
                 input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config
             )
         responses = out.sequences[:, width:]
         log_probs = None
         if want_logprobs:
-            logits = torch.stack(out.logits, dim=1).float()
-            if sample:
-                logits = logits / temperature  # verl's actor scores with logits / rollout.temperature too
-            log_probs = torch.log_softmax(logits, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
+            # the scores generate sampled from (after temperature, top-k, top-p): vLLM's "processed" log-probs
+            scores = torch.stack(out.scores, dim=1).float()
+            log_probs = torch.log_softmax(scores, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
         results = []
         eos = set(self.eos_token_ids)
         for row in range(len(prompts)):
             tokens = responses[row].tolist()
             length = next((i + 1 for i, token in enumerate(tokens) if token in eos), len(tokens))
             row_log_probs = log_probs[row, :length].tolist() if log_probs is not None else None
-            results.append((tokens[:length], row_log_probs))
+            results.append((tokens[:length], row_log_probs, weight_steps))
         return results
 
     # ---- weights ----------------------------------------------------------------------------------------------

@@ -302,6 +302,17 @@ def test_server_generates_with_log_probs_that_match_a_forward_pass(server):
     torch.testing.assert_close(torch.tensor(out.log_probs), expected, atol=1e-5, rtol=0)
 
 
+def test_server_samples_from_the_whole_vocabulary_unless_told_otherwise(server):
+    """transformers' generate defaults to top_k=50; verl's actor scores the full softmax, so the server must not."""
+    prompt = [2, 352, 201, 21, 13, 22, 31, 1, 201, 2, 361, 201]
+    first = [server._generate_batch([prompt] * 400, (1, 1.0, 1.0, -1, True))[i][0][0] for i in range(400)]
+    assert len(set(first)) > 100  # ~near-uniform over 512 tokens: top-50 truncation would give <= 50
+    truncated = server._generate_batch([prompt] * 200, (1, 1.0, 1.0, 5, True))
+    assert len({row[0][0] for row in truncated}) <= 5
+    # with top-k the log-probs are those of the distribution sampled from (renormalised over 5 tokens)
+    assert all(row[1][0] > -torch.log(torch.tensor(5.0)).item() - 1.0 for row in truncated)
+
+
 def test_server_batches_concurrent_requests_and_answers_each(server, monkeypatch):
     batches = []
     original = server._generate_batch
