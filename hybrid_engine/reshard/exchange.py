@@ -2,9 +2,9 @@
 
 A scheme is a list of *steps* (the planner's phases). In a step every rank *holds* some boxes of each HF tensor and
 *targets* one box (or nothing). For one group of ranks and one bucket of tensors the plan cuts each tensor into
-*cells* along every box edge of every member; a cell that some member targets and does not hold moves once from its
-*owner* (the lowest rank holding it) to exactly those *receivers*. So every byte a rank receives is a byte it needs and
-lacks, received once: the planner's count (``hybrid_engine.plan_bytes``), by construction.
+*cells* along every box edge of every member; a cell that some member targets and does not hold moves once from an
+*owner* (a member holding it) to exactly those *receivers*. So every byte a rank receives is a byte it needs and lacks,
+received once: the planner's count (``hybrid_engine.plan_bytes``), by construction.
 
 Cells whose receivers are all the other members of a group of the owner's chain go into that group's **all-gather**
 (one per group and bucket; a single contributor makes it a broadcast). The rest (copies of replicated tensors or of
@@ -17,7 +17,8 @@ cell, each receiver takes it from the first holder in its narrowest group that h
 Schemes (names as in the planner):
 
 - ``hybridflow``: one step, "micro-DP all-gather" over the micro-DP group, from Megatron-style shards; targets are
-  the generation shards (stages of generation stage pi, TP slice tau of t_g).
+  the generation shards (stages of generation stage pi, TP slice tau of t_g). With k_p > 1 the chain starts with the
+  k_t members of the rank's own stage, where each stage completes its own copy of the tied embedding.
 - ``tp_group_gather``: "TP/EP all-gather in stage" over the training TP group (target: the full tensors of the
   rank's stage), then "pipeline broadcast" over the pipeline group (target: the full model).
 - ``full_gather``: "all-gather over all ranks", from FSDP ``Shard(0)`` shards; target: the full model.
