@@ -36,7 +36,7 @@ DEGRADATIONS = ("forward_prefetch_off", "batch_minus_20", "offload_on")
 PREFETCH_KEYS = (
     "actor_rollout_ref.actor.fsdp_config.forward_prefetch",
     "actor_rollout_ref.ref.fsdp_config.forward_prefetch",
-    "critic.model.fsdp_config.forward_prefetch",
+    "critic.fsdp.forward_prefetch",
     "actor_rollout_ref.actor.megatron.override_ddp_config.overlap_param_gather",
 )
 BATCH_KEYS = (
@@ -55,8 +55,8 @@ OFFLOAD_KEYS = (
     "actor_rollout_ref.actor.fsdp_config.param_offload",
     "actor_rollout_ref.actor.fsdp_config.optimizer_offload",
     "actor_rollout_ref.ref.fsdp_config.param_offload",
-    "critic.model.fsdp_config.param_offload",
-    "critic.model.fsdp_config.optimizer_offload",
+    "critic.fsdp.param_offload",
+    "critic.fsdp.optimizer_offload",
     "actor_rollout_ref.actor.megatron.param_offload",
     "actor_rollout_ref.actor.megatron.optimizer_offload",
     "actor_rollout_ref.ref.megatron.param_offload",

@@ -89,16 +89,19 @@ def test_bands_warn_count_and_summarize(tmp_path):
 
 
 def test_degradations_in_order():
-    cfg = _cfg("overlap=prefetch")
+    # the driver degrades the resolved config (no interpolation left): every engine's own key is set
+    cfg = OmegaConf.create(OmegaConf.to_container(_cfg("overlap=prefetch"), resolve=True))
     assert cfg.actor_rollout_ref.actor.fsdp_config.forward_prefetch is True
     changed = degrade(cfg, "forward_prefetch_off")
     assert cfg.actor_rollout_ref.actor.fsdp_config.forward_prefetch is False and changed
+    assert cfg.critic.fsdp.forward_prefetch is False and cfg.actor_rollout_ref.ref.fsdp_config.forward_prefetch is False
     micro = cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu
     degrade(cfg, "batch_minus_20")
     assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == int(micro * 0.8)
     degrade(cfg, "offload_on")
     assert cfg.actor_rollout_ref.actor.fsdp_config.param_offload is True
     assert cfg.actor_rollout_ref.actor.fsdp_config.optimizer_offload is True
+    assert cfg.critic.fsdp.param_offload is True and cfg.critic.fsdp.optimizer_offload is True
 
 
 def test_failure_reasons():
