@@ -31,7 +31,7 @@ BAD = [
     ("grpo", ["parallel=tp2", "batching=fixed", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=7"],
      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu: the mini-batch per GPU, ppo_mini_batch_size(256) * "
      "rollout.n(5) / dp(8) = 160, is not a multiple of ppo_micro_batch_size_per_gpu(7): 160 % 7 = 6"),
-    ("grpo", ["data.train_batch_size=100"],
+    ("grpo", ["parallel=tp2", "data.train_batch_size=100"],
      "actor_rollout_ref.actor.ppo_mini_batch_size: data.train_batch_size(100) must be a multiple of "
      "ppo_mini_batch_size(256)"),
     ("grpo", ["parallel=tp1", "cluster.gpus_per_node=7"],
