@@ -302,7 +302,7 @@ def _probe_runner_class():
 
         def run(self, config):
             out = OmegaConf.select(config, "probe_out")
-            data = {"pid": os.getpid(), "env": dict(os.environ)}
+            data = {"pid": os.getpid(), "cwd": os.getcwd(), "env": dict(os.environ)}
             Path(out).write_text(json.dumps(data, indent=2))
             return data
 

@@ -97,27 +97,37 @@ def connect(address: str | None):
                           f"scripts/ray_head.sh, or set launcher.address=http://HEAD:8265") from None
 
 
-def cluster_resources(client) -> tuple[dict[str, float], dict[str, float]]:
-    """(total, free) resources of the cluster: CPU, GPU, ... from the dashboard's cluster status."""
+def _node_totals(client) -> dict[str, float]:
     total: dict[str, float] = {}
-    free: dict[str, float] = {}
-    try:
-        response = client._do_request("GET", "/api/cluster_status")
-        usage = response.json()["data"]["clusterStatus"]["loadMetricsReport"]["usage"]
-        for name, (used, whole) in usage.items():
-            total[name] = float(whole)
-            free[name] = max(0.0, float(whole) - float(used))
-        if total:
-            return total, free
-    except Exception:  # noqa: BLE001 - older or newer dashboards: fall back to the node list
-        pass
     response = client._do_request("GET", "/api/v0/nodes?limit=10000")
     for node in response.json()["data"]["result"]["result"]:
         if node.get("state") != "ALIVE":
             continue
         for name, value in (node.get("resources_total") or {}).items():
             total[name] = total.get(name, 0.0) + float(value)
-    return total, dict(total)
+    return total
+
+
+def cluster_resources(client, wait_s: float = 60.0) -> tuple[dict[str, float], dict[str, float]]:
+    """(total, free) resources of the cluster's alive nodes: CPU, GPU, ... (free = total less the autoscaler's usage
+    report, when the dashboard has one yet). Waits up to ``wait_s`` for a node with CPUs: a head that just started
+    answers before its node has registered."""
+    deadline = time.monotonic() + wait_s
+    while not (total := _node_totals(client)).get("CPU"):
+        if time.monotonic() > deadline:
+            raise ConfigError(f"launcher.address: the Ray cluster at {getattr(client, '_address', '?')} has no alive "
+                              f"node with CPUs after {wait_s:g} s")
+        time.sleep(1.0)
+    free = dict(total)
+    try:
+        response = client._do_request("GET", "/api/cluster_status")
+        usage = response.json()["data"]["clusterStatus"]["loadMetricsReport"]["usage"]
+        for name, (used, _whole) in usage.items():
+            if name in free:
+                free[name] = max(0.0, total[name] - float(used))
+    except Exception:  # noqa: BLE001 - no usage report (yet): everything counts as free
+        pass
+    return total, free
 
 
 # -- what a job runs ------------------------------------------------------------------------------------------------
@@ -141,8 +151,21 @@ def job_overrides(overrides: Sequence[str], run_dir: str | os.PathLike, cluster_
     if cluster_choice and not chosen & set(_GPU_INTENT):
         out.append(f"cluster={cluster_choice}")
     out.append("launcher=local")
-    out.append(f"hydra.run.dir={_hydra_quote(str(run_dir))}")
+    out.append(f"hydra.run.dir={_hydra_quote(str(job_run_dir(run_dir)))}")
     return out
+
+
+def job_run_dir(run_dir: str | os.PathLike, launch_dir: Path | None = None) -> Path:
+    """The run folder as the job sees it: relative to the launch folder when inside it (so an uploaded job writes
+    inside its own copy, and a job on a shared folder writes right here)."""
+    run_dir = Path(run_dir)
+    launch_dir = (launch_dir or Path.cwd()).resolve()
+    if run_dir.is_absolute():
+        try:
+            return run_dir.resolve().relative_to(launch_dir)
+        except ValueError:
+            return run_dir
+    return run_dir
 
 
 def _hydra_quote(value: str) -> str:
@@ -379,6 +402,7 @@ def run_sweep(client, specs: Sequence[JobSpec], *, total: dict[str, float], free
     results: dict[int, JobResult] = {}
     pending: list[JobSpec] = []
     for spec in specs:
+        spec.run_dir = Path(spec.run_dir).absolute()  # this machine's copy: job.json, job.log (and all on shared disks)
         too_big = {k: v for k, v in spec.demand.items() if v > total.get(k, 0.0) + 1e-9}
         if spec.error is None and too_big:
             spec.error = (f"needs {_short(spec.demand)} but the whole cluster has "

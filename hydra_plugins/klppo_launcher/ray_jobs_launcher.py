@@ -82,9 +82,9 @@ class RayJobsLauncher(Launcher):
         address = self.address or OmegaConf.select(self.config, "launcher.address", default=None)
         try:
             client = ray_jobs.connect(address)
+            total, free = ray_jobs.cluster_resources(client)
         except ConfigError as error:
             exit_with(error)  # one line, exit 2: nothing was submitted
-        total, free = ray_jobs.cluster_resources(client)
         log.info(f"Launching {len(job_overrides)} jobs as Ray Jobs on {ray_jobs.dashboard_url(address)} "
                  f"(free: {ray_jobs._short({k: v for k, v in free.items() if k in ('CPU', 'GPU')})})")
         specs, configs = [], {}

@@ -20,6 +20,7 @@ from recipes.ray_jobs import (
     JobSpec,
     connect,
     dashboard_url,
+    distinguishing,
     entrypoint,
     exit_code_of,
     job_demand,
@@ -175,13 +176,21 @@ def test_sweep_reports_failures_and_runs_the_others(tmp_path):
                         echo=lines.append)
     by = {r.num: r for r in results}
     assert by[0].ok and by[5].ok
-    assert by[1].status == "FAILED" and by[1].exit_code == 3 and "exit code 3" in by[1].message
+    # a failed job reports the last line of its own log
+    assert by[1].status == "FAILED" and by[1].exit_code == 3
+    assert by[1].message == "log of python -m recipes.grpo fail #1"
     assert by[2].status == "NOT_SUBMITTED" and "needs 16 GPU but the whole cluster has 8 GPU" in by[2].message
     assert by[3].status == "NOT_SUBMITTED" and "kl=nosuch" in by[3].message
     assert by[4].status == "NOT_SUBMITTED" and "refused" in by[4].message
     assert "5" in client.order and len(client.jobs) == 3
     table = summary_table(results)
     assert "FAILED" in table and "NOT_SUBMITTED" in table and "kl=nosuch" in table
+    assert "(seed=1)" in table  # only the overrides that tell the jobs apart
+    assert json.loads((tmp_path / "3" / "job.json").read_text())["status"] == "NOT_SUBMITTED"
+
+
+def test_distinguishing_overrides():
+    assert distinguishing([["a=1", "b=1", "c=0"], ["a=1", "b=2", "c=0"]]) == [["b=1"], ["b=2"]]
 
 
 def test_exit_codes():
