@@ -16,6 +16,7 @@ from hybrid_engine.reshard.exchange import SCHEME_NAMES, Scheme, make_buckets, s
 from hybrid_engine.reshard.executor import (
     DEFAULT_BUCKET_BYTES,
     Resharder,
+    ShardedWeights,
     feeder_ranks,
     rollout_weight_stream,
     stream_to_feeders,
@@ -42,6 +43,7 @@ __all__ = [
     "ReshardStats",
     "Resharder",
     "RngState",
+    "ShardedWeights",
     "Scheme",
     "fsdp_shards",
     "feeder_ranks",

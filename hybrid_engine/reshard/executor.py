@@ -37,7 +37,14 @@ from hybrid_engine.reshard.exchange import (
 from hybrid_engine.reshard.shards import LocalShards, contains, fsdp_shards_from_state_dict
 from hybrid_engine.reshard.stats import MemoryTracker, PlannedBytes, ReshardStats, planned_bytes
 
-__all__ = ["DEFAULT_BUCKET_BYTES", "Resharder", "feeder_ranks", "rollout_weight_stream", "stream_to_feeders"]
+__all__ = [
+    "DEFAULT_BUCKET_BYTES",
+    "Resharder",
+    "ShardedWeights",
+    "feeder_ranks",
+    "rollout_weight_stream",
+    "stream_to_feeders",
+]
 
 DEFAULT_BUCKET_BYTES = 64 << 20
 """Full bytes of the tensors one bucket moves (a larger tensor is a bucket of its own)."""
@@ -365,3 +372,20 @@ def rollout_weight_stream(
         spec = build_spec(arch_from_config(dict(hf_config), str(hf_config.get("_name_or_path") or "actor")))
     feeders = feeder_ranks(dist.get_world_size(), rollout_world_size)
     return stream_to_feeders(state_dict, spec, feeders, bucket_bytes=bucket_bytes, stats_out=stats_out)
+
+
+class ShardedWeights:
+    """verl's per-tensor weight iterable with the FSDP2 state dict kept beside it.
+
+    Iterating it is verl's own path (``fallback``: every rank all-gathers every tensor with ``full_tensor()``); a
+    rollout that knows this class calls ``rollout_weight_stream(weights.state_dict, hf_config=weights.hf_config,
+    ...)`` instead and never touches ``fallback`` (a lazy generator: nothing is gathered unless it is iterated).
+    """
+
+    def __init__(self, state_dict: Mapping[str, torch.Tensor], fallback, hf_config: Mapping | None = None):
+        self.state_dict = state_dict
+        self.fallback = fallback
+        self.hf_config = hf_config
+
+    def __iter__(self):
+        return iter(self.fallback)

@@ -43,7 +43,7 @@ class RngState:
 
     @classmethod
     def capture(cls) -> RngState:
-        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
         return cls(
             torch_cpu=torch.get_rng_state(),
             cuda=cuda,

@@ -22,6 +22,7 @@ from hybrid_engine.layout import InferLayout, TrainLayout
 from hybrid_engine.model_spec import MODEL_CONFIG_DIR, arch_from_config, build_spec
 from hybrid_engine.reshard import (
     Resharder,
+    ShardedWeights,
     fsdp_shards,
     fsdp_shards_from_state_dict,
     megatron_shards,
@@ -159,8 +160,9 @@ def _fsdp2_case(rank: int, world: int, case: dict) -> list[dict]:
             )
     stats_out: list = []
     # the rollout hand-off: one replica of both ranks, fed by rank 0 (config dict -> spec, as verl's worker has it)
+    weights = ShardedWeights(model.state_dict(), fallback=iter(()), hf_config=model.config.to_dict())
     stream = rollout_weight_stream(
-        model.state_dict(), rollout_world_size=world, hf_config=model.config.to_dict(), stats_out=stats_out
+        weights.state_dict, rollout_world_size=world, hf_config=weights.hf_config, stats_out=stats_out
     )
     outputs = dict(stream)
     groups = hybrid_groups(TrainLayout(dp=world), InferLayout(tp=1).resolve(world), fsdp=True)
