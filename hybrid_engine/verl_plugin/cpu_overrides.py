@@ -88,9 +88,10 @@ MODEL_TINY: dict[str, Any] = {
     # The random Qwen2-family model and its tokenizer, built locally by hybrid_engine.assets.
     "actor_rollout_ref.model.path": "{model_dir}",
     "critic.model.path": "{model_dir}",
-    # A tiny random model learns at rates that would wreck a pretrained one.
-    "actor_rollout_ref.actor.optim.lr": 2e-3,
-    "critic.optim.lr": 2e-3,
+    # A tiny random model learns at rates that would wreck a pretrained one: over 20 GRPO steps the mean reward goes
+    # 0.13 -> 0.21 at lr 2e-3 and 0.13 -> 0.78 at 1e-2 (the format part of the reward: all digits).
+    "actor_rollout_ref.actor.optim.lr": 1e-2,
+    "critic.optim.lr": 1e-2,
 }
 
 DATA_TINY: dict[str, Any] = {
