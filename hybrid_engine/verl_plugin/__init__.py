@@ -8,9 +8,14 @@ verl imports this package in every process that imports verl (entry-point group 
    rollout table: additive, other backends are untouched;
 3. only where the CPU platform is wanted (a torch build without accelerator, or ``VERL_PLATFORM=cpu``): registers
    :class:`~.platform.PlatformCPU` in verl's ``PlatformRegistry``, selects it (``VERL_PLATFORM=cpu``, inherited by
-   Ray workers) and applies the CPU patches of :mod:`.patches`. On a machine with CUDA nothing of this happens.
+   Ray workers), turns off Ray's pre-started idle workers (``RAY_prestart_worker_first_driver=0``: one per
+   logical CPU, seconds each on 2 cores) and applies the CPU patches of :mod:`.patches`. On a machine with CUDA
+   nothing of this happens.
 
-The verl overrides that go with it are in :mod:`.cpu_overrides` (``CPU_VERL_OVERRIDES``).
+The verl overrides that go with it are in :mod:`.cpu_overrides` (``CPU_VERL_OVERRIDES``); :mod:`.replay_buffer` is
+the v1 replay buffer with a short poll; :mod:`.demo_run` runs and measures ``main_ppo`` (bench script, e2e tests).
+To make a refusal loud, put the plugin in ``VERL_USE_EXTERNAL_MODULES`` (``demo_run.loud_plugin_env``): verl then
+imports it without swallowing errors.
 """
 
 from __future__ import annotations
