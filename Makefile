@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 PYTHON ?= python
 
-.PHONY: help install demo test test-fast lint lock bench-plan
+.PHONY: help install demo test test-fast test-cluster lint lock bench-plan
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -20,8 +20,11 @@ test:  ## the whole test suite, end-to-end CPU training included (what CI runs)
 test-fast:  ## the tests without the end-to-end training runs
 	$(PYTHON) -m pytest -q -m "not e2e"
 
+test-cluster:  ## the tests that start a local Ray cluster on 127.0.0.1 (Ray Jobs, sweeps, NCCL env in a worker)
+	$(PYTHON) -m pytest -q -m ray tests/cluster
+
 lint:  ## ruff
-	$(PYTHON) -m ruff check recipes hybrid_engine tests scripts
+	$(PYTHON) -m ruff check recipes hybrid_engine hydra_plugins tests scripts
 
 lock:  ## re-resolve requirements/cpu.lock from pyproject.toml (needs uv)
 	uv pip compile pyproject.toml --extra dev -c <(echo torch==2.13.0) --python-version 3.11 --no-header \
