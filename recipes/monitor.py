@@ -93,7 +93,7 @@ def plot_metrics(metrics_path: Path, png_path: Path, title: str = "") -> Path | 
 
     panels = [("reward", REWARD_KEYS), ("KL", KL_KEYS), ("entropy", ENTROPY_KEYS)]
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
-    for ax, (label, keys) in zip(axes, panels):
+    for ax, (label, keys) in zip(axes, panels, strict=True):
         points = [(step, first(m, keys)) for step, m in rows if first(m, keys) is not None]
         if points:
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3)

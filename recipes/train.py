@@ -100,6 +100,7 @@ def summarize(metrics_path: Path, run_dir: Path, title: str = "") -> None:
     rewards = [r for r in rewards if r is not None]
     if len(rewards) >= 4:
         k = max(1, len(rewards) // 4)
-        print(f"mean reward: first {k} steps {sum(rewards[:k]) / k:+.3f} -> last {k} steps {sum(rewards[-k:]) / k:+.3f}")
+        head, tail = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
+        print(f"mean reward: first {k} steps {head:+.3f} -> last {k} steps {tail:+.3f}")
     if png:
         print(f"curves: {png}")
