@@ -12,7 +12,7 @@ all of them ran. Kept light: Hydra imports this module while scanning for plugin
 import logging
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +40,6 @@ class RayJobsLauncherConf:
     poll_s: float = 2.0
     # seconds a job may run before it is stopped; null: the recipe's launcher.timeout_s
     timeout_s: float | None = None
-    # extra metadata for every Ray Job
-    metadata: dict = field(default_factory=dict)
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="klppo_ray", node=RayJobsLauncherConf,
@@ -51,14 +49,13 @@ ConfigStore.instance().store(group="hydra/launcher", name="klppo_ray", node=RayJ
 class RayJobsLauncher(Launcher):
     def __init__(self, address: str | None = None, max_concurrent: int | None = None,
                  validate_first: bool = True, resources_per_job: Any = None, poll_s: float = 2.0,
-                 timeout_s: float | None = None, metadata: dict | None = None) -> None:
+                 timeout_s: float | None = None) -> None:
         self.address = address
         self.max_concurrent = max_concurrent
         self.validate_first = validate_first
         self.resources_per_job = resources_per_job
         self.poll_s = poll_s
         self.timeout_s = timeout_s
-        self.metadata = dict(metadata or {})
         self.config: DictConfig | None = None
         self.task_function: TaskFunction | None = None
         self.hydra_context: HydraContext | None = None
@@ -70,6 +67,7 @@ class RayJobsLauncher(Launcher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from recipes import ray_jobs
+        from recipes.errors import ConfigError, exit_with
 
         setup_globals()
         assert self.config is not None and self.hydra_context is not None
@@ -77,8 +75,6 @@ class RayJobsLauncher(Launcher):
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         recipe = str(self.config.hydra.job.config_name)
-        from recipes.errors import ConfigError, exit_with
-
         address = self.address or OmegaConf.select(self.config, "launcher.address", default=None)
         try:
             client = ray_jobs.connect(address)

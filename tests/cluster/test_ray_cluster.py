@@ -60,6 +60,7 @@ def test_nccl_map_reaches_a_ray_worker(ray_cluster, tmp_path):
     assert f"in a Ray worker (pid {seen['pid']})" in log and "(mode: job)" in log
 
 
+@pytest.mark.e2e
 def test_sweep_of_validate_and_cpu_training(ray_cluster, tmp_path):
     """The issue's 2-job sweep: action=validate and a 2-step CPU training, each its own Ray Job; both finish, results
     are collected in the sweep folder."""
