@@ -83,7 +83,6 @@ def copy_bandwidth(device: torch.device, nbytes: int = 2 * GIB, repeat: int = 20
     dst = torch.empty_like(src)
     times = time_it(lambda: dst.copy_(src), device, warmup=3, repeat=repeat)
     median = statistics.median(times)
-    del src, dst
     return {
         "buffer_bytes": elements * 2,
         "seconds_median": median,

@@ -41,7 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import GIB, environment, gib, pct_error, pick_device, sync, write_json  # noqa: E402
+from _common import environment, gib, pct_error, pick_device, sync, write_json  # noqa: E402
 
 from hybrid_engine.model_spec import MODEL_CONFIG_DIR  # noqa: E402
 
@@ -178,12 +178,11 @@ def padded_tokens(total_len: torch.Tensor, micro: int) -> int:
 def planned(cfg) -> dict:
     """The planner's memory per GPU for this config (no reference model and no rollout engine: the benchmark builds
     only the actor)."""
-    from recipes.plan import cluster_spec, plan_settings
-
     from hybrid_engine.groups import hybrid_groups
     from hybrid_engine.layout import InferLayout, TrainLayout
     from hybrid_engine.memory import estimate_memory
     from hybrid_engine.model_spec import build_spec, load_arch
+    from recipes.plan import cluster_spec, plan_settings
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -307,10 +306,6 @@ def run_arm(arm: str, model_dir: Path, device: torch.device, args: argparse.Name
     if device.type == "cuda":
         row["log_prob_plan_error_pct"] = pct_error(phases["log_prob"], row["log_prob_peak_bytes"])
         row["update_plan_error_pct"] = pct_error(phases["training"], row["update_peak_bytes"])
-    del worker, out, _out
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
     return {"row": row, "log_probs": log_probs, "response_mask": response_mask}
 
 
@@ -372,6 +367,9 @@ def run(args: argparse.Namespace) -> dict:
     for arm in args.arms.split(","):
         print(f"arm {arm}: building verl's actor ...", flush=True)
         outputs[arm] = run_arm(arm, model_dir, device, args, args.seed)
+        gc.collect()  # the arm's worker (model, optimizer) goes with run_arm's frame
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         row = outputs[arm]["row"]
         result["arms"][arm] = row
         print(

@@ -7,11 +7,16 @@ Side by side, in one process, on one device (world size 1, NCCL on a GPU, gloo o
 drawn per tensor from a seeded generator (so every result is checked bit for bit against the reference):
 
 - ``copy_floor``: one flat device copy of the model's bytes (the HBM floor measured, not computed).
+- ``per_tensor_copy``: one ``copy_`` per HF tensor from tensors already in the generation layout (no executor): what
+  a per-tensor Python loop of copies costs on this host.
 - ``pack``: the pack's executor (``hybrid_engine.reshard.Resharder``, scheme ``hybridflow``, world size 1) from
   Megatron-style training shards (fused ``linear_qkv`` with q/k/v interleaved per query group, fused ``linear_fc1``
   gate|up) to HF generation tensors (the q/k/v re-layout), each ``copy_`` into a preallocated HF model's parameter
   (built on the meta device, then ``to_empty`` on the device): the generation engine's own weights.
 - ``pack_stream_only``: the same stream, consumed without the copy (the executor's own cost).
+- ``pack_memo``: a prototype, not the shipped executor: ``pack`` with ``Scheme.target`` memoised per (step, rank,
+  name) and ``Scheme.check_shards`` run once per shards object (monkeypatched here for the measurement only): how
+  much of ``pack``'s time is the executor re-deriving its plan on every switch.
 - ``verl_bf16`` / ``verl_fp32``: verl 0.9.1's way (``FSDPEngine.get_per_tensor_param``): an FSDP2 module's
   ``state_dict()``, then per tensor ``param.to(device, non_blocking=True).full_tensor()``, then the rollout's
   default weight loader, ``param.data.copy_(loaded_weight)`` (casting). verl's actor keeps fp32 parameters under
@@ -55,7 +60,7 @@ from hybrid_engine.reshard import Resharder, megatron_shards  # noqa: E402
 from hybrid_engine.reshard.harness import SMALL_SHAPES, small_spec  # noqa: E402
 from hybrid_engine.reshard.shards import full_box, narrow_box, unique_tensors  # noqa: E402
 
-SCHEMES = ("copy_floor", "pack", "pack_stream_only", "verl_bf16", "verl_fp32")
+SCHEMES = ("copy_floor", "per_tensor_copy", "pack", "pack_stream_only", "pack_memo", "verl_bf16", "verl_fp32")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -138,6 +143,35 @@ def measure(fn, device: torch.device, warmup: int, repeat: int) -> dict:
         "peak_extra_bytes": max(peaks) if peaks else None,
         "peak_absolute_bytes": (torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None),
     }
+
+
+class memoised_scheme:
+    """Context manager: ``Scheme.target`` memoised and ``Scheme.check_shards`` once per shards object (prototype)."""
+
+    def __enter__(self):
+        from hybrid_engine.reshard.exchange import Scheme
+
+        self.cls, self.target, self.check = Scheme, Scheme.target, Scheme.check_shards
+        original_target, original_check = Scheme.target, Scheme.check_shards
+
+        def target(scheme, step, rank, name):
+            cache = scheme.__dict__.setdefault("_bench_target_memo", {})
+            key = (step, rank, name)
+            if key not in cache:
+                cache[key] = original_target(scheme, step, rank, name)
+            return cache[key]
+
+        def check_shards(scheme, rank, shards):
+            seen = scheme.__dict__.setdefault("_bench_checked", set())
+            if (rank, id(shards)) not in seen:
+                original_check(scheme, rank, shards)
+                seen.add((rank, id(shards)))
+
+        Scheme.target, Scheme.check_shards = target, check_shards
+        return self
+
+    def __exit__(self, *exc):
+        self.cls.target, self.cls.check_shards = self.target, self.check
 
 
 def build_fsdp_actor(config, device: torch.device, dtype: torch.dtype, ref: Reference):
@@ -273,7 +307,7 @@ def run(args: argparse.Namespace) -> dict:
         del flat_src, flat_dst
         record("copy_floor", timing, model_bytes, model_bytes, {"what": "one flat copy of the model's bytes"})
 
-    if "pack" in schemes or "pack_stream_only" in schemes:
+    if {"pack", "pack_stream_only", "pack_memo", "per_tensor_copy"} & set(schemes):
         groups = hybrid_groups(TrainLayout(tp=1, pp=1, dp=1).resolve(1), InferLayout(tp=1).resolve(1), fsdp=False)
         tic = time.perf_counter()
         shards = megatron_shards(spec, groups, 0, ref.source)
@@ -312,6 +346,41 @@ def run(args: argparse.Namespace) -> dict:
         if "pack_stream_only" in schemes:
             timing = measure(pack_stream_only, device, args.warmup, args.repeat)
             record("pack_stream_only", timing, 0, 0, {"executor_stats": resharder.stats.to_dict()})
+        if "pack_memo" in schemes:
+            memo = Resharder(spec, groups, "hybridflow", bucket_bytes=int(args.bucket_mb * MB) or None)
+
+            def pack_memo_handoff() -> None:
+                for name, tensor in memo.stream(shards):
+                    target_params[name].copy_(tensor)
+
+            poison()
+            with memoised_scheme():
+                timing = measure(pack_memo_handoff, device, args.warmup, args.repeat)
+            bad = check_against_reference(target_params, names, shapes, ref) if args.verify else None
+            record(
+                "pack_memo",
+                timing,
+                shard_bytes,
+                model_bytes,
+                {
+                    "prototype": "Scheme.target memoised, check_shards once",
+                    "executor_stats": memo.stats.to_dict(),
+                    "mismatched": bad,
+                },
+            )
+            del memo
+        if "per_tensor_copy" in schemes:
+            generation = {name: tensor.clone() for name, tensor in resharder.stream(shards)}
+
+            def per_tensor_copy() -> None:
+                for name, tensor in generation.items():
+                    target_params[name].copy_(tensor)
+
+            poison()
+            timing = measure(per_tensor_copy, device, args.warmup, args.repeat)
+            bad = check_against_reference(target_params, names, shapes, ref) if args.verify else None
+            record("per_tensor_copy", timing, model_bytes, model_bytes, {"tensors": len(generation), "mismatched": bad})
+            del generation
         del shards, resharder
         sync(device)
 
@@ -321,7 +390,9 @@ def run(args: argparse.Namespace) -> dict:
         actor = build_fsdp_actor(config, device, train_dtype, ref)
         actor_bytes = sum(p.to_local().numel() * p.element_size() for p in actor.parameters())
         poison()
-        timing = measure(lambda actor=actor: verl_handoff(actor, target_params, device), device, args.warmup, args.repeat)
+        timing = measure(
+            lambda actor=actor: verl_handoff(actor, target_params, device), device, args.warmup, args.repeat
+        )
         bad = check_against_reference(target_params, names, shapes, ref) if args.verify else None
         largest = max(t.numel for t in unique_tensors(spec)) * torch.empty((), dtype=train_dtype).element_size()
         record(
@@ -355,7 +426,9 @@ def run(args: argparse.Namespace) -> dict:
         }
         for scheme in ("verl_bf16", "verl_fp32"):
             if scheme in result["schemes"]:
-                result["schemes"][scheme]["x_pack"] = result["schemes"][scheme]["seconds_median"] / pack["seconds_median"]
+                result["schemes"][scheme]["x_pack"] = (
+                    result["schemes"][scheme]["seconds_median"] / pack["seconds_median"]
+                )
     bad = {s: r.get("mismatched") for s, r in result["schemes"].items() if r.get("mismatched")}
     result["verified"] = None if not args.verify else not bad
     if bad:

@@ -94,9 +94,10 @@ def collect(handoffs: list[Path], dynamics: list[Path]) -> dict:
 def render(result: dict) -> str:
     lines = [f"{'run':<32} {'phase':<56} {'plan GiB':>9} {'measured GiB':>13} {'error':>8}  within 15%"]
     for row in result["rows"]:
+        ok = "yes" if row["within_target"] else "NO"
         lines.append(
             f"{row['run']:<32} {row['phase']:<56} {row['planned_bytes'] / GIB:>9.2f} "
-            f"{row['measured_bytes'] / GIB:>13.2f} {row['error_pct']:>+7.1f}%  {'yes' if row['within_target'] else 'NO'}"
+            f"{row['measured_bytes'] / GIB:>13.2f} {row['error_pct']:>+7.1f}%  {ok}"
         )
     return "\n".join(lines)
 

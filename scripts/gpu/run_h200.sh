@@ -2,12 +2,13 @@
 # The three GPU benchmarks in one go, as run for README.perf.md ("Performance on one H200").
 #
 #   bash scripts/gpu/run_h200.sh OUTDIR        # default OUTDIR: $OUT if set, else runs/gpu
+#   PARTS="dynamic" bash scripts/gpu/run_h200.sh OUTDIR   # only some of: handoff dynamic (default both)
 #
 # Needs one CUDA GPU with ~70 GB free, torch, transformers; verl 0.9.1 (+ Ray importable) for the dynamic-batch
 # benchmark. On a machine without them, put the packages in .whl/ (ignored by git):
-#   .whl/site.tar.xz   verl 0.9.1 and what it imports that the machine lacks (ray 2.60 without jars/,
-#                      dashboard/client/, rllib/, llm/ and its gcs/raylet binaries: import only, no cluster),
-#                      unpacked into /tmp/site and put first on PYTHONPATH;
+#   .whl/*.tar.xz      verl 0.9.1 and what it imports that the machine lacks (ray 2.60 without jars/,
+#                      dashboard/client/, rllib/, llm/ and its gcs/raylet binaries: import only, no cluster;
+#                      pydantic, fastapi, uvicorn, ...), unpacked into /tmp/site and put first on PYTHONPATH;
 #   .whl/tf/*.whl      transformers 5.10.4 + tokenizers 0.22.2 (the versions the pack is tested with), used only
 #                      if the dynamic-batch run fails with the machine's own transformers.
 set -u -o pipefail
@@ -15,8 +16,10 @@ OUTDIR=${1:-${OUT:-runs/gpu}}
 mkdir -p "$OUTDIR"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 PY=${PYTHON:-python3}
-if [ -f .whl/site.tar.xz ]; then
-  mkdir -p /tmp/site && tar xJf .whl/site.tar.xz -C /tmp/site && export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+PARTS=${PARTS:-handoff dynamic}
+if ls .whl/*.tar.xz >/dev/null 2>&1; then
+  mkdir -p /tmp/site && for t in .whl/*.tar.xz; do tar xJf "$t" -C /tmp/site; done
+  export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 else
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 fi
@@ -27,11 +30,14 @@ fi
   $PY -c "import verl, ray; print('verl', verl.__version__, 'ray', ray.__version__)" 2>&1 | tail -1
 } 2>&1 | tee "$OUTDIR/env.txt"
 
-for model in qwen2_7b llama3_1_8b; do
-  $PY scripts/gpu/bench_handoff.py --model "$model" --json "$OUTDIR/handoff_$model.json" 2>&1 | tee -a "$OUTDIR/handoff.log"
-done
+case " $PARTS " in *" handoff "*)
+  for model in qwen2_7b llama3_1_8b; do
+    $PY scripts/gpu/bench_handoff.py --model "$model" --json "$OUTDIR/handoff_$model.json" 2>&1 | tee -a "$OUTDIR/handoff.log"
+  done ;;
+esac
 
 dynamic() { $PY scripts/gpu/bench_dynamic_batch.py --json "$OUTDIR/dynamic_batch.json" "$@" 2>&1 | tee -a "$OUTDIR/dynamic.log"; }
+case " $PARTS " in *" dynamic "*) ;; *) dynamic() { true; } ;; esac
 if ! dynamic; then
   echo "=== dynamic batch failed with the machine's transformers; again with transformers 5.10.4 ===" | tee -a "$OUTDIR/dynamic.log"
   if ls .whl/tf/*.whl >/dev/null 2>&1; then

@@ -1,4 +1,4 @@
-"""A variable-length attention for HF transformers that needs no flash-attn package: ``attn_implementation="pack_varlen"``.
+"""Variable-length attention for HF transformers without the flash-attn package: ``attn_implementation="pack_varlen"``.
 
 verl's remove-padding path (``use_remove_padding``) packs a micro-batch into one row (``input_ids`` of shape
 (1, total_tokens), ``attention_mask=None``, ``position_ids`` restarting at 0 for every sequence) and relies on the model
@@ -156,4 +156,8 @@ def self_check(device: torch.device, dtype: torch.dtype = torch.bfloat16, seed: 
         return float((a.double() - b).norm() / b.norm())
 
     kernel = "torch.nn.attention.varlen.varlen_attn" if (device.type == "cuda" and _VARLEN is not None) else "sdpa"
-    return {"kernel": kernel, "forward_rel_error": rel(out.detach(), ref.detach()), "grad_q_rel_error": rel(q.grad, qr.grad)}
+    return {
+        "kernel": kernel,
+        "forward_rel_error": rel(out.detach(), ref.detach()),
+        "grad_q_rel_error": rel(q.grad, qr.grad),
+    }

@@ -44,14 +44,16 @@ def test_varlen_attention_packed_and_padded_match_one_sequence_at_a_time():
         positions = torch.cat([torch.arange(n) for n in lengths])[None]
         out = model(input_ids=packed, position_ids=positions).logits[0]
         starts = [0, 5, 14]
-        assert max((out[s : s + n] - r).abs().max().item() for s, n, r in zip(starts, lengths, reference)) < 1e-5
+        errors = [(out[s : s + n] - r).abs().max().item() for s, n, r in zip(starts, lengths, reference, strict=True)]
+        assert max(errors) < 1e-5
         ids = torch.zeros(3, 9, dtype=torch.long)
         mask = torch.zeros(3, 9, dtype=torch.long)
         for i, s in enumerate(seqs):
             ids[i, : len(s)] = s
             mask[i, : len(s)] = 1
         out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
-        assert max((out[i, :n] - r).abs().max().item() for i, (n, r) in enumerate(zip(lengths, reference))) < 1e-5
+        errors = [(out[i, :n] - r).abs().max().item() for i, (n, r) in enumerate(zip(lengths, reference, strict=True))]
+        assert max(errors) < 1e-5
         # one packed row without the restarts in position_ids is one long sequence: the boundaries are what matter
         out = model(input_ids=packed, position_ids=torch.arange(17)[None]).logits[0]
         assert (out[5:14] - reference[1]).abs().max().item() > 1e-2
@@ -143,7 +145,9 @@ def test_dynamic_batch_on_gpu_tiny(tmp_path):
     args = ["--model", "tiny", "--batch", "64", "--mini-batch", "32", "--max-prompt", "32", "--max-response", "64"]
     args += ["--prompt-min", "4", "--response-median", "12", "--repeat", "1", "--no-torch-compile"]
     args += ["--model-dir", str(tmp_path / "model"), "--json", str(out)]
-    run = subprocess.run([sys.executable, str(SCRIPTS / "bench_dynamic_batch.py"), *args], capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench_dynamic_batch.py"), *args], capture_output=True, text=True
+    )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     result = json.loads(out.read_text())
     assert set(result["arms"]) == {"fixed", "dynamic"}
