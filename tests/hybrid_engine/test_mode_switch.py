@@ -131,6 +131,7 @@ def _storage_ptrs(shards) -> set[int]:
     return {t.data_ptr() for t in shards.storage.values()}
 
 
+@pytest.mark.slow
 def test_generation_tp_peers_share_the_generation_state():
     """tp4 -> tp2 on 4 processes: engines {0, 2} and {1, 3}; each engine's ranks draw alike, the two engines not."""
     results = run_world(_generation_worker, 4)

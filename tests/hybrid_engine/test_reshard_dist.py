@@ -294,6 +294,7 @@ def _peak(records, case, scheme):
     return max(r["peak_extra"] for r in records if r["case"] == case and r["scheme"] == scheme)
 
 
+@pytest.mark.slow
 def test_two_processes(results_2):
     runs = _check(results_2)
     assert ("tp2-tp1", "hybridflow") in runs and ("fsdp2-real-tp2", "fsdp_to_tp") in runs
@@ -302,6 +303,7 @@ def test_two_processes(results_2):
     assert feeders[1]["received"] == 0 and feeders[0]["received"] > 0
 
 
+@pytest.mark.slow
 def test_four_processes(results_4):
     runs = _check(results_4)
     assert len(runs) == 3 + 3 + 2
