@@ -30,6 +30,7 @@ Schemes (names as in the planner):
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -71,6 +72,7 @@ __all__ = [
 SCHEME_NAMES = ("hybridflow", "tp_group_gather", "full_gather", "fsdp_to_tp", "gather_to_feeders")
 
 Group = tuple[int, ...]
+_SCHEME_TOKENS = itertools.count()
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +153,9 @@ class Scheme:
         self.tensors: dict[str, TensorSpec] = {t.name: t for t in unique_tensors(spec)}
         self.order = [t.name for t in unique_tensors(spec)]
         self._plans: dict[tuple, Exchange] = {}
+        self._targets: dict[tuple[int, int, str], Box | None] = {}
+        self._gen_names: dict[int, frozenset[str]] = {}
+        self._token = next(_SCHEME_TOKENS)  # unlike id(), never reused by a later scheme
         self._megatron: dict[tuple[int, int], dict[str, tuple[Box, ...]]] = {}
         if name == "hybridflow":
             self.steps = [Step(phase="micro-DP all-gather", source="shards", final=True)]
@@ -208,7 +213,11 @@ class Scheme:
         return (box,) if box_numel(box) else ()
 
     def check_shards(self, rank: int, shards: LocalShards) -> None:
-        """Raise ValueError unless ``shards`` hold exactly what this scheme's layout says ``rank`` holds."""
+        """Raise ValueError unless ``shards`` hold exactly what this scheme's layout says ``rank`` holds. A shards
+        object that passed is not checked again by this scheme (replace its segments and it is a new layout: build a
+        new LocalShards instead)."""
+        if (self._token, rank) in shards.verified:
+            return
         kind = self.source_kind
         if shards.kind != kind:
             raise ValueError(f"{self.name} reshards {kind} training shards, got {shards.kind} shards")
@@ -218,6 +227,7 @@ class Scheme:
                 raise ValueError(
                     f"rank {rank}: shards hold {name} as {shards.boxes(name)}, the {kind} layout says {expected}"
                 )
+        shards.verified.add((self._token, rank))
 
     # -- per step ------------------------------------------------------------------------------------------------------
     def holds(self, step: int, rank: int, name: str) -> tuple[Box, ...]:
@@ -227,7 +237,14 @@ class Scheme:
         return (previous,) if previous is not None else ()
 
     def target(self, step: int, rank: int, name: str) -> Box | None:
-        """The box ``rank`` has of ``name`` after ``step`` (None: it does not take part in ``name``)."""
+        """The box ``rank`` has of ``name`` after ``step`` (None: it does not take part in ``name``). Memoised: the
+        executor asks for every tensor on every switch."""
+        key = (step, rank, name)
+        if key not in self._targets:
+            self._targets[key] = self._target(step, rank, name)
+        return self._targets[key]
+
+    def _target(self, step: int, rank: int, name: str) -> Box | None:
         names = self.steps[step].names
         if names is not None and name not in names:
             return None
@@ -247,8 +264,10 @@ class Scheme:
         return full_box(tensor.shape)
 
     def _gen_stage_names(self, pi: int) -> frozenset[str]:
-        k_p = self.groups.k_p
-        return frozenset(key for s in range(pi * k_p, (pi + 1) * k_p) for key in self._placed[s])
+        if pi not in self._gen_names:
+            k_p = self.groups.k_p
+            self._gen_names[pi] = frozenset(key for s in range(pi * k_p, (pi + 1) * k_p) for key in self._placed[s])
+        return self._gen_names[pi]
 
     def final_names(self, rank: int) -> list[str]:
         """HF names ``rank`` yields, in model order."""

@@ -206,6 +206,8 @@ class LocalShards:
     rank: int
     storage: dict[str, torch.Tensor]
     segments: dict[str, list[Segment]] = field(default_factory=dict)
+    verified: set = field(default_factory=set, repr=False, compare=False)
+    """(scheme token, rank) pairs whose layout check these shards passed."""
 
     def boxes(self, name: str) -> tuple[Box, ...]:
         """The non-empty boxes of ``name`` this rank holds (FSDP2 gives late ranks empty chunks of short tensors)."""
