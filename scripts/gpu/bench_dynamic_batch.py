@@ -46,6 +46,34 @@ from _common import environment, gib, pct_error, pick_device, sync, write_json  
 from hybrid_engine.model_spec import MODEL_CONFIG_DIR  # noqa: E402
 
 ARMS = ("fixed", "dynamic")
+LOGPROB_CHUNK = 4096
+
+
+def chunked_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """log p(label) from logits, ``LOGPROB_CHUNK`` rows at a time in fp32 (logsumexp + gather): what flash-attn's
+    fused Triton cross-entropy (``verl.utils.torch_functional.logprobs_from_logits_flash_attn``) computes. Without
+    flash-attn, verl falls back to ``logprobs_from_logits_v2``, a Python loop over every row: on packed (total, vocab)
+    logits that is one log_softmax launch per token, which then dominates both arms."""
+    vocab = logits.shape[-1]
+    flat, flat_labels = logits.reshape(-1, vocab), labels.reshape(-1)
+    out = []
+    for start in range(0, flat.shape[0], LOGPROB_CHUNK):
+        rows = flat[start : start + LOGPROB_CHUNK].float()
+        picked = rows.gather(-1, flat_labels[start : start + LOGPROB_CHUNK, None]).squeeze(-1)
+        out.append(picked - torch.logsumexp(rows, dim=-1))
+    return torch.cat(out).view(labels.shape)
+
+
+def patch_logprobs() -> str:
+    """Swap verl's flash-attn-less log-prob fallback for ``chunked_logprobs`` (in this process only)."""
+    import verl.utils.torch_functional as verl_F
+    import verl.workers.engine.fsdp.transformer_impl as impl
+
+    if verl_F.FLAH_ATTN_CROSS_ENTROPY_LOSS_AVAILABLE:
+        return "flash-attn cross-entropy (verl's own)"
+    verl_F.logprobs_from_logits = chunked_logprobs
+    impl.logprobs_from_logits = chunked_logprobs
+    return f"chunked fp32 logsumexp + gather, {LOGPROB_CHUNK} rows a chunk (substitute for flash-attn's fused CE)"
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -330,6 +358,8 @@ def run(args: argparse.Namespace) -> dict:
         kernel = "sdpa per sequence (CPU)"
     attention_check = varlen_attention.self_check(device)
     print(f"attention self-check: {attention_check}")
+    logprobs = patch_logprobs() if args.fused_logprobs else "verl's fallback (logprobs_from_logits_v2, a row loop)"
+    print(f"log-probs: {logprobs}")
     model_dir = make_model_dir(args.model, Path(args.model_dir or f"/tmp/pack_bench_{args.model}"), device, args.seed)
     prompt_len, response_len = lengths(args.batch, args, args.seed)
     total = prompt_len + response_len
@@ -342,6 +372,7 @@ def run(args: argparse.Namespace) -> dict:
         "what_runs": "verl 0.9.1 ActorRolloutRefWorker(role=actor) in-process, FSDP2 engine, world size 1",
         "attention": f"pack_varlen ({kernel}) in both arms; flash-attn is not installed",
         "attention_self_check": attention_check,
+        "logprobs": logprobs,
         "batch": {
             "sequences": args.batch,
             "mini_batch": args.mini_batch or args.batch,
@@ -419,6 +450,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=2, help="timed passes of each kind")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--torch-compile", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument(
+        "--fused-logprobs",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="without flash-attn: vectorised log-probs instead of verl's per-row Python loop",
+    )
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--override", action="append", default=[], help="extra Hydra override (repeatable)")
     parser.add_argument("--json", type=Path, default=None)
