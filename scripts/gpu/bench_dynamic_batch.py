@@ -49,7 +49,7 @@ ARMS = ("fixed", "dynamic")
 LOGPROB_CHUNK = 4096
 
 
-def chunked_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def chunked_logprobs(logits: torch.Tensor, labels: torch.Tensor, inplace_backward: bool = False) -> torch.Tensor:
     """log p(label) from logits, ``LOGPROB_CHUNK`` rows at a time in fp32 (logsumexp + gather): what flash-attn's
     fused Triton cross-entropy (``verl.utils.torch_functional.logprobs_from_logits_flash_attn``) computes. Without
     flash-attn, verl falls back to ``logprobs_from_logits_v2``, a Python loop over every row: on packed (total, vocab)
