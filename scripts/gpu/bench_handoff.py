@@ -14,9 +14,9 @@ drawn per tensor from a seeded generator (so every result is checked bit for bit
   gate|up) to HF generation tensors (the q/k/v re-layout), each ``copy_`` into a preallocated HF model's parameter
   (built on the meta device, then ``to_empty`` on the device): the generation engine's own weights.
 - ``pack_stream_only``: the same stream, consumed without the copy (the executor's own cost).
-- ``pack_memo``: a prototype, not the shipped executor: ``pack`` with ``Scheme.target`` memoised per (step, rank,
-  name) and ``Scheme.check_shards`` run once per shards object (monkeypatched here for the measurement only): how
-  much of ``pack``'s time is the executor re-deriving its plan on every switch.
+- ``pack_memo``: ``pack`` with ``Scheme.target`` memoised per (step, rank, name) and ``Scheme.check_shards`` run once
+  per shards object, monkeypatched here for the measurement (the executor gained the same memoisation in commit
+  20bc537, after the 2026-11-29 H200 run; with it in, ``pack`` and ``pack_memo`` coincide).
 - ``verl_bf16`` / ``verl_fp32``: verl 0.9.1's way (``FSDPEngine.get_per_tensor_param``): an FSDP2 module's
   ``state_dict()``, then per tensor ``param.to(device, non_blocking=True).full_tensor()``, then the rollout's
   default weight loader, ``param.data.copy_(loaded_weight)`` (casting). verl's actor keeps fp32 parameters under
