@@ -7,7 +7,7 @@ GRPO, world size 1 (demo)     12   mean reward of the last 3 steps >= first 3 + 
 GRPO, world size 2             3   the batch is split over 2 ranks; rollout == actor on both
 KL-PPO, world size 1           4   the critic trains (vf_loss > 0); in-reward KL is 0 at step 1, then > 0
 KL-PPO, world size 2           3   critic and actor train on 2 ranks; rollout == actor
-GRPO, weight sync off          4   the rollout/actor gap is 0 at step 1, then grows step after step
+GRPO, weight sync off          4   the rollout/actor gap is 0 at step 1, then > 100x the synced bound
 
 "rollout == actor": verl's training/rollout_probs_diff_max (largest |p_rollout - p_actor| over response tokens) stays
 below 1e-5: the hf rollout generated with the weights the actor trains.
@@ -125,4 +125,5 @@ def test_without_weight_sync_the_gap_grows(tmp_path):
     result = run("grpo", tmp_path, steps=4, env={SYNC_WEIGHTS_ENV: "0"})
     gaps = result.series(DIFF_MAX)
     assert gaps[0] < SYNCED_GAP, "before the first update the rollout and the actor hold the same weights"
-    assert gaps[-1] > 100 * SYNCED_GAP and gaps[-1] > gaps[1] > gaps[0], f"gap per step without sync: {gaps}"
+    # from the second step on the rollout still holds the initial weights: every step sits far above the synced bound
+    assert all(gap > 100 * SYNCED_GAP for gap in gaps[1:]), f"gap per step without sync: {gaps}"
