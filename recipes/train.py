@@ -26,6 +26,10 @@ def run_env(cfg: DictConfig, run_dir: Path) -> dict[str, str]:
     }
     # stability (hybrid_engine.stability): its trainer and KL guard are registered in every Ray worker
     env["VERL_USE_EXTERNAL_MODULES"] += ",hybrid_engine.stability.verl_hooks"
+    # each actor rank appends what it received per weight sync (the hf rollout's resharder hand-off)
+    from hybrid_engine.verl_plugin.weight_sync import SYNC_LOG_ENV
+
+    env[SYNC_LOG_ENV] = str(run_dir / "weight_sync.jsonl")
     # TransferQueue asks torch for 8 threads and warns on every put/get where the machine has fewer cores
     import psutil
 
@@ -102,5 +106,36 @@ def summarize(metrics_path: Path, run_dir: Path, title: str = "") -> None:
         k = max(1, len(rewards) // 4)
         head, tail = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
         print(f"mean reward: first {k} steps {head:+.3f} -> last {k} steps {tail:+.3f}")
+    line = weight_sync_summary(run_dir / "weight_sync.jsonl")
+    if line:
+        print(line)
     if png:
         print(f"curves: {png}")
+
+
+def weight_sync_summary(path: Path) -> str | None:
+    """One line: bytes each rank received per weight sync, beside what verl's ``full_tensor()`` path receives."""
+    from hybrid_engine.verl_plugin.weight_sync import read_sync_log
+
+    records = read_sync_log(path)
+    if not records:
+        return None
+    syncs = len({r["global_steps"] for r in records})
+    per_rank: dict[int, list[dict]] = {}
+    for record in records:
+        per_rank.setdefault(record["rank"], []).append(record)
+    last = [per_rank[rank][-1] for rank in sorted(per_rank)]
+    schemes = sorted({r["scheme"] for r in last})
+    if schemes != ["gather_to_feeders"]:
+        reason = next((r["fallback_reason"] for r in last if r.get("fallback_reason")), "")
+        return f"weight sync: verl's full_tensor() path on every rank ({reason})" if reason else None
+    received = ", ".join(f"rank {r['rank']} {_mib(r['received_bytes'])}" for r in last)
+    verl = ", ".join(f"{_mib(r['full_tensor_bytes'])}" for r in last)
+    return (
+        f"weight sync ({syncs} syncs, hybrid_engine resharder, weight_sync.jsonl): per sync {received} received "
+        f"(planned {', '.join(_mib(r['planned_bytes']) for r in last)}); verl's full_tensor() path: {verl}"
+    )
+
+
+def _mib(nbytes: int | None) -> str:
+    return "-" if nbytes is None else f"{nbytes / 2**20:.2f} MiB"

@@ -34,7 +34,7 @@ from hybrid_engine.reshard.exchange import (
     pack_cells,
     unpack_cells,
 )
-from hybrid_engine.reshard.shards import LocalShards, contains, fsdp_shards_from_state_dict
+from hybrid_engine.reshard.shards import LocalShards, contains, fsdp_shards_from_state_dict, unique_tensors
 from hybrid_engine.reshard.stats import MemoryTracker, PlannedBytes, ReshardStats, planned_bytes
 
 __all__ = [
@@ -335,14 +335,32 @@ def stream_to_feeders(
     all-gathering every tensor (``full_tensor()``), each rank sends its rows to the feeders in one all-to-all per
     bucket. Every rank must exhaust the iterator; non-feeders yield nothing. ``stats_out`` gets the ReshardStats.
     Needs no new process group (runs on the default group), so ranks may call it at any time together.
+
+    Everything that can refuse the state dict (names the spec does not know, placements other than ``Shard(0)`` on a
+    1-D mesh over all ranks, local shapes) is checked here, before any collective: a caller can fall back to its own
+    path on ``ValueError``/``KeyError``/``TypeError``/``NotImplementedError`` and no rank is left waiting. The checks
+    see the same global shapes and placements on every rank, so every rank decides alike.
     """
     world = dist.get_world_size()
+    known = {tensor.name for tensor in unique_tensors(spec)}
+    tied = {"lm_head.weight"} if spec.arch.tie_word_embeddings else set()
+    unknown = sorted(set(state_dict) - known - tied)
+    if unknown:
+        raise KeyError(f"the state dict has tensors the model spec does not: {unknown[:5]}")
+    shards = fsdp_shards_from_state_dict(state_dict, spec)
+    if any(tensor.device_mesh.size() != world for tensor in state_dict.values()):  # all DTensors after the check
+        raise ValueError(f"the FSDP mesh does not span the {world} ranks of the default process group")
     groups = hybrid_groups(TrainLayout(dp=world), InferLayout(tp=1).resolve(world), fsdp=True)
     resharder = Resharder(spec, groups, "gather_to_feeders", feeders=feeders, bucket_bytes=bucket_bytes)
-    shards = fsdp_shards_from_state_dict(state_dict, spec)
-    yield from resharder.stream(shards)
-    if stats_out is not None:
-        stats_out.append(resharder.stats)
+
+    def stream() -> Iterator[tuple[str, torch.Tensor]]:
+        yield from resharder.stream(shards)
+        if stats_out is not None:
+            stats = resharder.stats
+            stats.planned = resharder.planned(shards.storage[next(iter(shards.storage))].element_size())
+            stats_out.append(stats)
+
+    return stream()
 
 
 def feeder_ranks(world_size: int, rollout_world_size: int) -> list[int]:

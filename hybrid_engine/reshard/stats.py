@@ -92,6 +92,8 @@ class ReshardStats:
     """Bytes of the generation tensors yielded (the rank's generation shard)."""
     buckets: int = 0
     tensors: int = 0
+    planned: PlannedBytes | None = None
+    """The planner's bytes for this rank, where the caller asked for them beside the measurement."""
 
     def phase(self, name: str) -> PhaseStats:
         if name not in self.phases:

@@ -11,8 +11,10 @@ with plain ``transformers`` so verl's real trainer runs where vLLM/SGLang cannot
 - :class:`HFReplica`: verl's ``RolloutReplica`` for ``rollout.name=hf``; one server per replica, on the node of the
   replica's first worker.
 - :class:`HFRolloutAdapter`: the ``BaseRollout`` in each actor worker. ``update_weights`` drains the actor's weight
-  stream on every rank (FSDP2 all-gathers each tensor as it is yielded) and the replica's first rank hands the full
-  state dict to its server: :func:`hand_off_weights` is that hand-off, in one place.
+  stream on every rank and the replica's first rank hands the full state dict to its server: :func:`hand_off_weights`
+  is that hand-off, in one place. The stream is the resharding executor's (``weight_sync``): each rank sends its
+  FSDP2 rows to the feeders only, so a rank that feeds no server receives nothing (verl's own path, kept as the
+  fallback, all-gathers every tensor on every rank). Each rank's bytes per sync go to ``$HYBRID_ENGINE_SYNC_LOG``.
 
 Weight sync can be switched off with ``HYBRID_ENGINE_SYNC_WEIGHTS=0`` (the rollout then keeps its initial weights,
 and verl's ``training/rollout_probs_diff_*`` metrics show the actor drifting away from it).
@@ -32,6 +34,8 @@ import torch
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
+
+from hybrid_engine.verl_plugin.weight_sync import enable_sharded_export, finish, open_weight_stream
 
 __all__ = [
     "ROLLOUT_NAME",
@@ -66,8 +70,9 @@ def server_name(replica_rank: int) -> str:
 def hand_off_weights(weights: Iterable[tuple[str, torch.Tensor]], keep: bool) -> dict[str, torch.Tensor] | None:
     """Drain the actor's ``(name, full tensor)`` stream; return it as a CPU state dict where ``keep``, else None.
 
-    Every rank must drain the stream, because FSDP2 all-gathers each tensor while it is yielded; only the rank that
-    feeds a server keeps the tensors. This is the single place where weights leave the actor for the rollout.
+    Every rank must drain the stream, because its collectives run while it is yielded (the resharder's all-to-all,
+    or verl's per-tensor ``full_tensor()``); only the rank that feeds a server keeps the tensors. This is the single
+    place where weights leave the actor for the rollout.
     """
     state: dict[str, torch.Tensor] | None = {} if keep else None
     for name, tensor in weights:
@@ -320,8 +325,10 @@ class HFRolloutAdapter(BaseRollout):
         )
         self.replica_rank = rank // rollout_world_size if replica_rank < 0 else replica_rank
         self.rollout_rank = rank % rollout_world_size
+        self.rollout_world_size = rollout_world_size
         self.sync_weights = weight_sync_enabled()
         self._server = None
+        enable_sharded_export()  # this process's actor engine now exports its FSDP2 state dict beside verl's stream
         if not self.sync_weights and rank == 0:
             logger.warning("%s=0: the hf rollout keeps its initial weights (weight sync is off)", SYNC_WEIGHTS_ENV)
 
@@ -345,7 +352,14 @@ class HFRolloutAdapter(BaseRollout):
         if kwargs.get("peft_config") is not None:
             raise NotImplementedError("the hf rollout takes merged weights only (model.lora.merge=True)")
         feeds_server = self.rollout_rank == 0
-        state = hand_off_weights(weights, keep=feeds_server and self.sync_weights)
+        if self.sync_weights:
+            stream, record = open_weight_stream(
+                weights, global_steps=global_steps, rollout_world_size=self.rollout_world_size
+            )
+            state = hand_off_weights(stream, keep=feeds_server)
+            finish(record, tensors=len(state) if state is not None else 0)
+        else:  # every rank skips alike: nothing is gathered, no collective runs
+            state = None
         if not feeds_server:
             return
         if state is not None:

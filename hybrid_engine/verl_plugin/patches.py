@@ -15,6 +15,10 @@ what                                        why
                                             ``attn_implementation="flash_attention_2"``; on the CPU it uses sdpa.
 ``initialize_global_process_group_ray``     verl asks torch for ``"cpu:gloo,<device>:<backend>"``, which is
                                             ``"cpu:gloo,cpu:gloo"`` on the CPU: torch rejects the duplicate.
+``FSDPEngine.get_per_tensor_param``         in a process hosting the ``hf`` rollout, the export also carries the
+                                            FSDP2 state dict (``weight_sync.export_sharded``), so the rollout's
+                                            weight sync runs through ``hybrid_engine.reshard``; elsewhere, and for
+                                            LoRA/QAT/FSDP1, verl's generator is returned as it is.
 ==========================================  ===================================================================
 
 Patches to modules that are slow to import (the engines pull in transformers and peft) are applied right after the
@@ -201,10 +205,33 @@ def _sdpa_value_model(model_utils) -> None:
     model_utils.load_valuehead_model = load_valuehead_model
 
 
+def _sharded_weight_export(transformer_impl) -> None:
+    require_supported_verl()
+    engine_cls = transformer_impl.FSDPEngine
+    original = engine_cls.get_per_tensor_param
+    if getattr(original, "_hybrid_engine_sharded", False):
+        return
+
+    @functools.wraps(original)
+    def get_per_tensor_param(self, *args, **kwargs):
+        from hybrid_engine.verl_plugin.weight_sync import export_sharded
+
+        per_tensor_param, peft_config = original(self, *args, **kwargs)
+        if peft_config is not None:
+            return per_tensor_param, peft_config
+        return export_sharded(self, per_tensor_param), peft_config
+
+    get_per_tensor_param._hybrid_engine_sharded = True
+    engine_cls.get_per_tensor_param = get_per_tensor_param
+
+
 def apply_rollout_patches() -> None:
-    """Make ``rollout.name=hf`` resolvable in verl's workers. Additive: other rollouts are untouched."""
+    """Make ``rollout.name=hf`` resolvable in verl's workers, and let its weight sync use the resharder.
+    Additive: other rollouts get verl's weight export unchanged (``weight_sync.export_sharded`` wraps it only once
+    an hf rollout adapter lives in the process)."""
     require_supported_verl()
     when_imported("verl.workers.rollout.base", _register_hf_adapter)
+    when_imported("verl.workers.engine.fsdp.transformer_impl", _sharded_weight_export)
 
 
 def apply_cpu_patches() -> None:

@@ -4,13 +4,16 @@ embedded default (FSDP2 over gloo, the plugin's hf rollout, the tiny model and t
 run                         steps  asserted (from the run folder's metrics.jsonl, one JSON line per step)
 GRPO, world size 1 (demo)     12   mean reward of the last 3 steps >= first 3 + 0.15; rollout == actor each step;
                                    progress lines, checkpoint, curves.png, resolved config in the run folder
-GRPO, world size 2             3   the batch is split over 2 ranks; rollout == actor on both
+GRPO, world size 2,            3   the batch is split over 2 ranks; rollout == actor; weight sync through the
+  one rollout replica                resharder: rank 0 (which feeds the server) receives what it lacks, rank 1 nothing
 KL-PPO, world size 1           4   the critic trains (vf_loss > 0); in-reward KL is 0 at step 1, then > 0
-KL-PPO, world size 2           3   critic and actor train on 2 ranks; rollout == actor
+KL-PPO, world size 2,          3   critic and actor train on 2 ranks; rollout == actor; weight sync through the
+  a replica per rank                 resharder, both ranks feeding a server
 GRPO, weight sync off          4   the rollout/actor gap is 0 at step 1, then > 100x the synced bound
 
-"rollout == actor": verl's training/rollout_probs_diff_max (largest |p_rollout - p_actor| over response tokens) stays
-below 1e-5: the hf rollout generated with the weights the actor trains.
+"rollout == actor": verl's training/rollout_probs_diff_max (largest |p_rollout - p_actor| over response tokens) and
+|rollout_corr/kl| stay below 1e-5: the hf rollout generated with the weights the actor trains. The weight sync is read
+from the run folder's weight_sync.jsonl (one line per rank per sync, bytes measured at the collectives and planned).
 """
 
 from __future__ import annotations
@@ -25,12 +28,16 @@ from pathlib import Path
 import pytest
 
 from hybrid_engine.verl_plugin.hf_rollout import SYNC_WEIGHTS_ENV
+from tests.e2e.checks import (
+    DIFF_MAX,
+    SYNCED_GAP,
+    assert_rollout_is_the_actor,
+    assert_weight_sync_through_the_resharder,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-SYNCED_GAP = 1e-5
-DIFF_MAX = "training/rollout_probs_diff_max"
 REWARD = "critic/score/mean"
 
 
@@ -47,9 +54,19 @@ class Run:
 def run(recipe: str, workdir: Path, *overrides: str, steps: int, env: dict | None = None) -> Run:
     environ = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
     proc = subprocess.run(
-        [sys.executable, "-m", f"recipes.{recipe}", f"trainer.total_training_steps={steps}",
-         f"trainer.save_freq={steps}", *overrides],
-        cwd=workdir, env=environ, capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            f"recipes.{recipe}",
+            f"trainer.total_training_steps={steps}",
+            f"trainer.save_freq={steps}",
+            *overrides,
+        ],
+        cwd=workdir,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     folders = sorted((workdir / "runs" / recipe).glob("*/metrics.jsonl"))
     if proc.returncode != 0 or not folders:
@@ -59,12 +76,6 @@ def run(recipe: str, workdir: Path, *overrides: str, steps: int, env: dict | Non
     return Run(stdout=proc.stdout, run_dir=folders[-1].parent, metrics=[r["data"] for r in rows])
 
 
-def assert_rollout_is_the_actor(result: Run) -> None:
-    gaps = result.series(DIFF_MAX)
-    assert len(gaps) == len(result.metrics), "the hf rollout returned no log-probs"
-    assert max(gaps) < SYNCED_GAP, f"rollout/actor probability gap per step: {gaps}"
-
-
 @pytest.fixture(scope="module")
 def grpo(tmp_path_factory) -> Run:
     return run("grpo", tmp_path_factory.mktemp("grpo_ws1"), steps=12)
@@ -72,7 +83,8 @@ def grpo(tmp_path_factory) -> Run:
 
 @pytest.fixture(scope="module")
 def grpo_ws2(tmp_path_factory) -> Run:
-    return run("grpo", tmp_path_factory.mktemp("grpo_ws2"), "cluster.gpus_per_node=2", steps=3)
+    # one hf server for both ranks (generation tp 2): only rank 0 feeds it
+    return run("grpo", tmp_path_factory.mktemp("grpo_ws2"), "cluster.gpus_per_node=2", "layout.infer.tp=2", steps=3)
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +102,7 @@ def test_grpo_demo_learns_and_leaves_a_complete_run_folder(grpo):
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     assert last >= first + 0.15, f"mean reward per step: {[round(r, 3) for r in rewards]}"
     assert_rollout_is_the_actor(grpo)
+    assert_weight_sync_through_the_resharder(grpo.run_dir / "weight_sync.jsonl", world_size=1, rollout_tp=1, steps=12)
     assert "embedded CPU defaults parallel=cpu cluster=cpu rollout=hf model=tiny task=tiny" in grpo.stdout
     assert "step 12/12  reward" in grpo.stdout and "mean reward: first 3 steps" in grpo.stdout
     assert (grpo.run_dir / "curves.png").stat().st_size > 10_000
@@ -104,6 +117,10 @@ def test_grpo_world_size_2(grpo_ws2):
         assert step["global_seqlen/mean"] * 2 == pytest.approx(step["perf/total_num_tokens"], abs=1)
     assert_rollout_is_the_actor(grpo_ws2)
     assert all(norm > 0 for norm in grpo_ws2.series("actor/grad_norm"))
+    assert_weight_sync_through_the_resharder(
+        grpo_ws2.run_dir / "weight_sync.jsonl", world_size=2, rollout_tp=2, steps=3
+    )
+    assert "weight sync (4 syncs, hybrid_engine resharder" in grpo_ws2.stdout
 
 
 def test_kl_ppo_trains_the_critic_with_kl_in_the_reward(kl_ppo):
@@ -119,6 +136,9 @@ def test_kl_ppo_world_size_2(kl_ppo_ws2):
     for step in kl_ppo_ws2.metrics:
         assert step["global_seqlen/mean"] * 2 == pytest.approx(step["perf/total_num_tokens"], abs=1)
     assert_rollout_is_the_actor(kl_ppo_ws2)
+    assert_weight_sync_through_the_resharder(
+        kl_ppo_ws2.run_dir / "weight_sync.jsonl", world_size=2, rollout_tp=1, steps=3
+    )
 
 
 def test_without_weight_sync_the_gap_grows(tmp_path):
@@ -127,3 +147,4 @@ def test_without_weight_sync_the_gap_grows(tmp_path):
     assert gaps[0] < SYNCED_GAP, "before the first update the rollout and the actor hold the same weights"
     # from the second step on the rollout still holds the initial weights: every step sits far above the synced bound
     assert all(gap > 100 * SYNCED_GAP for gap in gaps[1:]), f"gap per step without sync: {gaps}"
+    assert not (result.run_dir / "weight_sync.jsonl").exists(), "with sync off no rank moves any weights"

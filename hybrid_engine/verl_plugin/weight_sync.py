@@ -1,0 +1,209 @@
+"""The actor -> hf rollout weight sync through the resharding executor (``hybrid_engine.reshard``).
+
+verl 0.9.1's colocated sync (``ActorRolloutRefWorker.update_weights``, mode ``naive``) asks the FSDP engine for
+``get_per_tensor_param()``: a generator in which **every** rank calls ``full_tensor()`` on every parameter, so every
+rank receives the whole model, although only the first rank of each rollout replica hands it to a server. Here:
+
+- :func:`export_sharded` (installed on ``FSDPEngine.get_per_tensor_param`` by ``patches``, and only in a process
+  that hosts the ``hf`` rollout) returns :class:`~hybrid_engine.reshard.ShardedWeights`: verl's generator, untouched
+  and not started, with the FSDP2 state dict (DTensor references, nothing copied) beside it. Anything that iterates
+  it gets verl's own stream.
+- :func:`open_weight_stream` (called by the hf rollout adapter on every rank) streams it through
+  :func:`~hybrid_engine.reshard.rollout_weight_stream`: each rank sends its rows to the feeders, so a feeder receives
+  the model minus its own rows and every other rank receives nothing. Where the executor cannot take the state dict
+  (LoRA, QAT, HSDP's 2-D mesh, MoE, a tensor the model spec does not know) it says why once and falls back to
+  verl's stream; the refusal is decided before any collective, alike on every rank.
+- :class:`SyncRecord`: what one rank received in one sync, measured at the collectives, beside the planner's bytes
+  and what verl's ``full_tensor()`` path receives on that rank. With ``HYBRID_ENGINE_SYNC_LOG`` set (the recipes set
+  it to ``<run dir>/weight_sync.jsonl``) each rank appends one JSON line per sync.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+__all__ = [
+    "SYNC_LOG_ENV",
+    "SyncRecord",
+    "enable_sharded_export",
+    "export_sharded",
+    "open_weight_stream",
+    "read_sync_log",
+    "sharded_export_enabled",
+]
+
+logger = logging.getLogger(__name__)
+
+SYNC_LOG_ENV = "HYBRID_ENGINE_SYNC_LOG"
+"""Path of a JSON-lines file each rank appends its :class:`SyncRecord` to after every weight sync."""
+
+_SHARDED_EXPORT = False
+_FALLBACK_LOGGED: set[str] = set()
+
+
+def enable_sharded_export() -> None:
+    """Called by the hf rollout adapter: from now on this process's FSDP engines export :class:`ShardedWeights`."""
+    global _SHARDED_EXPORT
+    _SHARDED_EXPORT = True
+
+
+def sharded_export_enabled() -> bool:
+    return _SHARDED_EXPORT
+
+
+def export_sharded(engine, per_tensor_param):
+    """Wrap verl's ``per_tensor_param`` with the engine's FSDP2 state dict, or return it as it is.
+
+    Wrapped only for a plain FSDP2 module: no LoRA (its adapter path is verl's), no QAT (the rollout must get the
+    quantised tensors) and no parameter offload to the host (the executor moves device tensors in place)."""
+    from hybrid_engine.reshard import ShardedWeights
+
+    if not _SHARDED_EXPORT:
+        return per_tensor_param
+    from verl.utils.fsdp_utils import fsdp_version
+    from verl.utils.model import convert_weight_keys
+
+    module = engine.module
+    inner = getattr(module, "_fsdp_wrapped_module", module)
+    reason = None
+    if fsdp_version(module) != 2:
+        reason = f"FSDP{fsdp_version(module)} (the executor takes FSDP2 DTensors)"
+    elif hasattr(inner, "peft_config"):
+        reason = "LoRA"
+    elif getattr(engine, "_qat_enabled", False):
+        reason = "QAT"
+    elif getattr(engine, "_is_offload_param", False) and torch.device(_device_of(module)).type != "cpu":
+        reason = "parameter offload"
+    if reason is not None:
+        _log_fallback_once(reason)
+        return per_tensor_param
+    state_dict = convert_weight_keys(module.state_dict(), inner)
+    return ShardedWeights(state_dict, fallback=per_tensor_param, hf_config=engine.model_config.hf_config.to_dict())
+
+
+def _device_of(module) -> str:
+    for parameter in module.parameters():
+        return str(parameter.device)
+    return "cpu"
+
+
+def _log_fallback_once(reason: str) -> None:
+    if reason not in _FALLBACK_LOGGED:
+        _FALLBACK_LOGGED.add(reason)
+        logger.warning("weight sync: %s; verl's full_tensor() path is used (every rank receives the model)", reason)
+
+
+@dataclass
+class SyncRecord:
+    """One rank's share of one weight sync. Bytes are payload bytes of the tensors' dtype."""
+
+    global_steps: int | None
+    rank: int
+    world_size: int
+    rollout_world_size: int
+    feeder: bool
+    scheme: str  # "gather_to_feeders" (the executor) or "verl_full_tensor" (verl's path)
+    tensors: int = 0  # tensors this rank handed on (a feeder: the whole model; others: 0)
+    received_bytes: int | None = None  # measured at the collectives (None on verl's path: not instrumented)
+    planned_bytes: int | None = None  # the planner's bytes for this rank
+    full_tensor_bytes: int = 0  # what verl's full_tensor() path receives on this rank: the model minus own rows
+    model_bytes: int = 0
+    seconds: float = 0.0
+    fallback_reason: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+def _dtensor_bytes(state_dict) -> tuple[int, int]:
+    """(model bytes, bytes verl's ``full_tensor()`` path receives on this rank) over a state dict of DTensors.
+
+    The model counts a tied tensor once; verl's path gathers every state-dict entry, a tied lm_head included."""
+    from torch.distributed.tensor import DTensor
+
+    total = lacking = 0
+    seen: set[int] = set()
+    for value in state_dict.values():
+        size = value.numel() * value.element_size()
+        local = value.to_local() if isinstance(value, DTensor) else value
+        if local.data_ptr() not in seen or local.numel() == 0:
+            seen.add(local.data_ptr())
+            total += size
+        if isinstance(value, DTensor):
+            lacking += size - local.numel() * value.element_size()
+    return total, lacking
+
+
+def open_weight_stream(
+    weights, *, global_steps: int | None, rollout_world_size: int
+) -> tuple[Iterator[tuple[str, torch.Tensor]], SyncRecord]:
+    """``(stream, record)``: the stream every rank must drain, and the record :func:`finish` completes.
+
+    ``weights``: what the actor's engine exported (:class:`ShardedWeights`, or any ``(name, tensor)`` iterable)."""
+    import torch.distributed as dist
+
+    from hybrid_engine.reshard import ShardedWeights, feeder_ranks, rollout_weight_stream
+
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    record = SyncRecord(
+        global_steps=global_steps,
+        rank=rank,
+        world_size=world,
+        rollout_world_size=rollout_world_size,
+        feeder=rank in feeder_ranks(world, rollout_world_size) if world % rollout_world_size == 0 else rank == 0,
+        scheme="verl_full_tensor",
+    )
+    record.extra["started"] = time.perf_counter()
+    if not isinstance(weights, ShardedWeights):
+        return iter(weights), record
+    record.model_bytes, record.full_tensor_bytes = _dtensor_bytes(weights.state_dict)
+    stats_out: list = []
+    try:
+        stream = rollout_weight_stream(
+            weights.state_dict,
+            rollout_world_size=rollout_world_size,
+            hf_config=weights.hf_config,
+            stats_out=stats_out,
+        )
+    except (KeyError, NotImplementedError, TypeError, ValueError) as error:
+        record.fallback_reason = f"{type(error).__name__}: {error}"
+        _log_fallback_once(record.fallback_reason)
+        return iter(weights.fallback), record
+    record.scheme = "gather_to_feeders"
+    record.extra["stats"] = stats_out
+    return stream, record
+
+
+def finish(record: SyncRecord, tensors: int) -> SyncRecord:
+    """Fill in what the drained stream measured; append the record to ``$HYBRID_ENGINE_SYNC_LOG`` if set."""
+    record.seconds = time.perf_counter() - record.extra.pop("started")
+    record.tensors = tensors
+    stats = record.extra.pop("stats", None)
+    if stats:
+        measured = stats[0]
+        record.received_bytes = measured.received_bytes
+        record.planned_bytes = measured.planned.received if measured.planned is not None else None
+        record.extra["peak_extra_bytes"] = measured.peak_extra_bytes
+    path = os.environ.get(SYNC_LOG_ENV)
+    if path:
+        with open(path, "a", encoding="utf-8") as log:  # one short line per write: appends do not interleave
+            log.write(record.to_json() + "\n")
+    return record
+
+
+def read_sync_log(path) -> list[dict]:
+    """The records of a ``weight_sync.jsonl`` (an empty list if there is none)."""
+    try:
+        text = open(path, encoding="utf-8").read()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in text.splitlines() if line.strip()]

@@ -1,0 +1,45 @@
+"""Assertions both end-to-end files make about a CPU run (through the recipes, and through verl's own main_ppo)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hybrid_engine.verl_plugin.weight_sync import read_sync_log
+
+SYNCED_GAP = 1e-5
+"""Largest |p_rollout - p_actor| (and |KL|) a synced step may show: the rollout generated with the actor's weights."""
+DIFF_MAX = "training/rollout_probs_diff_max"
+DIFF_MEAN = "training/rollout_probs_diff_mean"
+ROLLOUT_KL = "rollout_corr/kl"
+
+
+def assert_rollout_is_the_actor(result) -> None:
+    """At every step verl's ``training/rollout_probs_diff_max`` (the largest |p_rollout - p_actor| over response
+    tokens) and ``|rollout_corr/kl|`` stay below :data:`SYNCED_GAP`. ``result``: anything with ``metrics`` (one dict
+    per step) and ``series(key)``."""
+    gaps = result.series(DIFF_MAX)
+    assert len(gaps) == len(result.metrics), "the hf rollout returned no log-probs"
+    assert max(gaps) < SYNCED_GAP, f"rollout/actor probability gap per step: {gaps}"
+    kls = result.series(ROLLOUT_KL)
+    assert len(kls) == len(result.metrics) and max(abs(kl) for kl in kls) < SYNCED_GAP, f"rollout/actor KL: {kls}"
+
+
+def assert_weight_sync_through_the_resharder(log: Path, *, world_size: int, rollout_tp: int, steps: int) -> None:
+    """Every weight sync (one before step 1, one after each step) ran through the resharder on every rank: the
+    bytes counted at its collectives equal the planner's; a rank that feeds a rollout server received what it lacked
+    of the model, any other rank nothing."""
+    records = read_sync_log(log)
+    assert records, f"no weight sync was logged in {log}"
+    syncs = sorted({r["global_steps"] for r in records})
+    assert len(syncs) >= steps, f"{len(syncs)} weight syncs logged for {steps} steps"
+    for step in syncs:
+        ranks = sorted(r["rank"] for r in records if r["global_steps"] == step)
+        assert ranks == list(range(world_size)), f"sync before step {step}: ranks {ranks} logged"
+    for record in records:
+        assert record["scheme"] == "gather_to_feeders", record
+        assert record["received_bytes"] == record["planned_bytes"], record
+        assert record["feeder"] == (record["rank"] % rollout_tp == 0), record
+        if not record["feeder"]:
+            assert record["received_bytes"] == 0 and record["tensors"] == 0, record
+        elif world_size > 1:
+            assert record["received_bytes"] > 0 and record["tensors"] > 0, record
