@@ -7,7 +7,9 @@ key that verl's tree does not declare (Hydra must add it). Values holding ``{mod
 ``rollout=hf``, ``model=tiny``, ``data=tiny``); :data:`GRPO_DEMO`, :data:`KL_PPO_DEMO` and :func:`world_size`
 are the deltas of the demo runs.
 
-Checked end to end by ``tests/e2e/test_verl_cpu.py`` (GRPO world size 1 and 2, KL-PPO with a critic).
+Checked end to end by ``tests/e2e/test_verl_cpu.py`` (GRPO world size 2, KL-PPO with a critic), and kept in step
+with the recipes' embedded default (``conf/cluster/cpu.yaml`` and friends) by
+``tests/recipes/test_cpu_overrides_agree.py``: every key here has the same value in the recipes' resolved config.
 """
 
 from __future__ import annotations
