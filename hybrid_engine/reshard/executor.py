@@ -100,6 +100,9 @@ class Resharder:
         self.bucket_bytes = bucket_bytes
         self.stats: ReshardStats | None = None
         self._p2p_cache: dict[int, tuple] = {}
+        self._buckets: dict[int, list[tuple[str, ...]]] = {}  # element size -> buckets
+        self._exchanges: dict[tuple[int, tuple[str, ...]], Exchange] = {}  # (step, bucket) -> this rank's exchange
+        self._programs: dict = {}  # allocate_outputs' compiled box arithmetic, per (step, bucket, sources layout)
         _create_process_groups(self.scheme.all_groups())
 
     @property
@@ -135,7 +138,11 @@ class Resharder:
             stats.phase(step.phase)
         memory = MemoryTracker(device)
         started = time.perf_counter()
-        buckets = make_buckets(self.spec, self.bucket_bytes, element_size, self.scheme.pipeline_stages)
+        if element_size not in self._buckets:
+            self._buckets[element_size] = make_buckets(
+                self.spec, self.bucket_bytes, element_size, self.scheme.pipeline_stages
+            )
+        buckets = self._buckets[element_size]
         stats.buckets = len(buckets)
         for bucket in buckets:
             allocated = 0
@@ -144,10 +151,14 @@ class Resharder:
             for index, step in enumerate(self.scheme.steps):
                 sources = shards if step.source == "shards" else previous
                 tic = time.perf_counter()
-                exchange = self.scheme.exchange(index, self.rank, bucket)
+                exchange = self._exchanges.get((index, bucket))
+                if exchange is None:
+                    exchange = self._exchanges[index, bucket] = self.scheme.exchange(index, self.rank, bucket)
                 toc = time.perf_counter()
                 stats.plan_s += toc - tic
-                outputs, nbytes = allocate_outputs(self.scheme, index, self.rank, bucket, sources, dtype, device)
+                outputs, nbytes = allocate_outputs(
+                    self.scheme, index, self.rank, bucket, sources, dtype, device, self._programs
+                )
                 memory.alloc(nbytes)
                 allocated += nbytes
                 stats.phase(step.phase).assemble_s += time.perf_counter() - toc
