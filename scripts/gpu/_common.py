@@ -75,7 +75,7 @@ def time_it(fn: Callable[[], object], device: torch.device, *, warmup: int, repe
 
 def copy_bandwidth(device: torch.device, nbytes: int = 2 * GIB, repeat: int = 20) -> dict:
     """Device-to-device copy bandwidth (bytes read + bytes written per second), median of ``repeat`` copies of a
-    buffer of ``nbytes``: the HBM ceiling the handoff is measured against (KINDS.md: about 4.3 TB/s on an H200)."""
+    buffer of ``nbytes``: the HBM ceiling the handoff is measured against (about 4.3 TB/s on an H200)."""
     if device.type != "cuda":
         nbytes = min(nbytes, 256 * MB)
     elements = int(nbytes) // 2
