@@ -14,7 +14,8 @@ Offload (verl moves states back to the GPU for the phase that uses them, so offl
   param      actor/ref/critic params and grads on CPU outside their compute; optimizer  optimizer states (and the
   megatron master weights) on CPU outside the update; full  both.
 Activations of one micro-batch (tokens = ppo_max_token_len_per_gpu with dynamic batch size, else
-  ppo_micro_batch_size_per_gpu * (prompt + response)), Korthikanti et al. 2022 with 2-byte activations:
+  ppo_micro_batch_size_per_gpu * (prompt + response); log-prob passes: log_prob_max_token_len_per_gpu, else
+  log_prob_micro_batch_size_per_gpu * (prompt + response)), Korthikanti et al. 2022 with 2-byte activations:
   no checkpointing   34*h (+ 5*heads*seq without flash attention) bytes per token per layer, all layers kept;
   checkpointing      2*h bytes per token per layer (each layer's input) + one layer's full 34*h recomputed.
   Megatron divides by tp (sequence parallel) and keeps the layers of p in-flight micro-batches on its first stage
@@ -119,7 +120,7 @@ def _activations(spec: ModelSpec, groups: HybridGroups, settings: PlanSettings, 
         tokens = settings.ppo_micro_batch_size_per_gpu * seq
     log_prob_tokens = settings.log_prob_max_token_len_per_gpu or settings.ppo_max_token_len_per_gpu
     if not settings.use_dynamic_bsz:
-        log_prob_tokens = tokens
+        log_prob_tokens = (settings.log_prob_micro_batch_size_per_gpu or settings.ppo_micro_batch_size_per_gpu) * seq
     attention_scores = 0 if settings.flash_attention else 5 * arch.num_attention_heads * seq
     full_layer = 34 * h + attention_scores
     tp = 1 if fsdp else groups.train.tp
@@ -219,6 +220,7 @@ def estimate_memory(
             "layers_kept": acts["layers_kept"],
             "activations": acts["activations"],
             "logits": acts["logits"],
+            "log_prob_tokens": acts["log_prob_tokens"],
             "log_prob_activations": acts["log_prob_activations"],
             "log_prob_logits": acts["log_prob_logits"],
             "gradient_checkpointing": settings.gradient_checkpointing,

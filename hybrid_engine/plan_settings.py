@@ -81,6 +81,9 @@ class PlanSettings:
     """Micro-batches packed to the token budget instead of a fixed number of sequences [actor.use_dynamic_bsz]."""
     ppo_micro_batch_size_per_gpu: int = 1
     """Sequences per micro-batch when use_dynamic_bsz is False [actor.ppo_micro_batch_size_per_gpu]."""
+    log_prob_micro_batch_size_per_gpu: int | None = None
+    """Sequences per log-prob micro-batch when use_dynamic_bsz is False; None = ppo_micro_batch_size_per_gpu
+    [rollout.log_prob_micro_batch_size_per_gpu, ref.log_prob_micro_batch_size_per_gpu: the larger]."""
     gradient_checkpointing: bool = True
     """Recompute each decoder layer in backward [model.enable_gradient_checkpointing]."""
     gpu_memory_utilization: float = 0.5

@@ -15,9 +15,14 @@ FORMATS = ("table", "json")
 
 def cluster_spec(cfg: DictConfig) -> ClusterSpec:
     gpu = cfg.cluster.gpu
-    return ClusterSpec(nnodes=int(cfg.cluster.nnodes), gpus_per_node=int(cfg.cluster.gpus_per_node), gpu=str(gpu.name),
-                       memory_gib=float(gpu.memory_gib), nvlink_GBps=float(gpu.nvlink_GBps),
-                       network_GBps=float(gpu.network_GBps))
+    return ClusterSpec(
+        nnodes=int(cfg.cluster.nnodes),
+        gpus_per_node=int(cfg.cluster.gpus_per_node),
+        gpu=str(gpu.name),
+        memory_gib=float(gpu.memory_gib),
+        nvlink_GBps=float(gpu.nvlink_GBps),
+        network_GBps=float(gpu.network_GBps),
+    )
 
 
 def plan_settings(cfg: DictConfig) -> PlanSettings:
@@ -42,6 +47,11 @@ def plan_settings(cfg: DictConfig) -> PlanSettings:
         log_prob_max_token_len_per_gpu=int(sel("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu")),
         use_dynamic_bsz=bool(sel(f"{actor}.use_dynamic_bsz")),
         ppo_micro_batch_size_per_gpu=int(sel(f"{actor}.ppo_micro_batch_size_per_gpu") or 1),
+        log_prob_micro_batch_size_per_gpu=max(
+            int(sel("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu") or 0),
+            int(sel("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu") or 0),
+        )
+        or None,
         gradient_checkpointing=bool(sel("actor_rollout_ref.model.enable_gradient_checkpointing")),
         gpu_memory_utilization=float(sel("actor_rollout_ref.rollout.gpu_memory_utilization")),
         free_cache_engine=bool(sel("actor_rollout_ref.rollout.free_cache_engine")),

@@ -67,6 +67,14 @@ def test_activation_formulas():
     assert eager["activations"]["activations"] == 8192 * (34 * h + 5 * heads * 2048) * layers
     fixed = _fsdp(spec, 8, 2, PlanSettings(use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=2, **base))
     assert fixed["activations"]["tokens_per_micro_batch"] == 2 * 2048
+    assert fixed["activations"]["log_prob_tokens"] == 2 * 2048  # the update's micro-batch when none is given
+    # verl's log-prob passes take their own micro-batch size (rollout/ref.log_prob_micro_batch_size_per_gpu)
+    wide = PlanSettings(
+        use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=2, log_prob_micro_batch_size_per_gpu=8, **base
+    )
+    wide = _fsdp(spec, 8, 2, wide)["activations"]
+    assert wide["tokens_per_micro_batch"] == 2 * 2048 and wide["log_prob_tokens"] == 8 * 2048
+    assert wide["log_prob_logits"] == 8 * 2048 * vocab * 4
 
 
 def test_offload_lowers_generation_not_training():
