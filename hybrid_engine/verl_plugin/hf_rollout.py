@@ -326,6 +326,9 @@ class HFRolloutAdapter(BaseRollout):
         self.replica_rank = rank // rollout_world_size if replica_rank < 0 else replica_rank
         self.rollout_rank = rank % rollout_world_size
         self.rollout_world_size = rollout_world_size
+        # the resharder moves the weights in buckets of verl's rollout.update_weights_bucket_megabytes
+        bucket_mb = getattr(self.config, "update_weights_bucket_megabytes", None)
+        self.bucket_bytes = int(float(bucket_mb) * 2**20) if bucket_mb else None
         self.sync_weights = weight_sync_enabled()
         self._server = None
         enable_sharded_export()  # this process's actor engine now exports its FSDP2 state dict beside verl's stream
@@ -354,7 +357,10 @@ class HFRolloutAdapter(BaseRollout):
         feeds_server = self.rollout_rank == 0
         if self.sync_weights:
             stream, record = open_weight_stream(
-                weights, global_steps=global_steps, rollout_world_size=self.rollout_world_size
+                weights,
+                global_steps=global_steps,
+                rollout_world_size=self.rollout_world_size,
+                bucket_bytes=self.bucket_bytes,
             )
             state = hand_off_weights(stream, keep=feeds_server)
             finish(record, tensors=len(state) if state is not None else 0)

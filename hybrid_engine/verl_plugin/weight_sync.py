@@ -143,11 +143,13 @@ def _dtensor_bytes(state_dict) -> tuple[int, int]:
 
 
 def open_weight_stream(
-    weights, *, global_steps: int | None, rollout_world_size: int
+    weights, *, global_steps: int | None, rollout_world_size: int, bucket_bytes: int | None = None
 ) -> tuple[Iterator[tuple[str, torch.Tensor]], SyncRecord]:
     """``(stream, record)``: the stream every rank must drain, and the record :func:`finish` completes.
 
-    ``weights``: what the actor's engine exported (:class:`ShardedWeights`, or any ``(name, tensor)`` iterable)."""
+    ``weights``: what the actor's engine exported (:class:`ShardedWeights`, or any ``(name, tensor)`` iterable).
+    ``bucket_bytes``: full bytes of the tensors moved per round (verl's ``rollout.update_weights_bucket_megabytes``);
+    None: the resharder's default."""
     import torch.distributed as dist
 
     from hybrid_engine.reshard import ShardedWeights, feeder_ranks, rollout_weight_stream
@@ -173,6 +175,7 @@ def open_weight_stream(
             rollout_world_size=rollout_world_size,
             hf_config=weights.hf_config,
             stats_out=stats_out,
+            **({} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}),
         )
     except (KeyError, NotImplementedError, TypeError, ValueError) as error:
         record.fallback_reason = f"{type(error).__name__}: {error}"
@@ -193,6 +196,7 @@ def finish(record: SyncRecord, tensors: int) -> SyncRecord:
         record.received_bytes = measured.received_bytes
         record.planned_bytes = measured.planned.received if measured.planned is not None else None
         record.extra["peak_extra_bytes"] = measured.peak_extra_bytes
+        record.extra["buckets"] = measured.buckets
     path = os.environ.get(SYNC_LOG_ENV)
     if path:
         with open(path, "a", encoding="utf-8") as log:  # one short line per write: appends do not interleave

@@ -11,7 +11,8 @@ sent. Asserted, per rollout layout:
 - verl's generator (``full_tensor()`` on every rank) is never started on either path;
 - a state dict the executor cannot take (a tensor the model spec does not know) falls back to verl's generator on
   both ranks, with the reason recorded, and the server still gets the full model;
-- every rank's record lands in ``$HYBRID_ENGINE_SYNC_LOG`` (two processes appending to one file).
+- every rank's record lands in ``$HYBRID_ENGINE_SYNC_LOG`` (two processes appending to one file);
+- the buckets follow verl's ``rollout.update_weights_bucket_megabytes``.
 """
 
 from __future__ import annotations
@@ -90,7 +91,12 @@ def _sync(rank: int, world: int, log_path: str) -> list[dict]:
         ("replica-per-rank", 1, False),
         ("fallback", world, True),
     ):
-        rollout = SimpleNamespace(tensor_model_parallel_size=tp, data_parallel_size=1, pipeline_model_parallel_size=1)
+        rollout = SimpleNamespace(
+            tensor_model_parallel_size=tp,
+            data_parallel_size=1,
+            pipeline_model_parallel_size=1,
+            update_weights_bucket_megabytes=0.1,  # ~100 kB buckets: the tiny model's 0.3 MB in several rounds
+        )
         adapter = HFRolloutAdapter(rollout, SimpleNamespace(), device_mesh=None)
         adapter._server = server = _Server()
         started: list = []
@@ -153,6 +159,8 @@ def test_one_replica_only_the_feeder_receives_the_model(synced):
     for line, result in ((rank0, feeder), (rank1, other)):
         assert line["full_tensor_bytes"] > result["lacking"]
     assert rank0["tensors"] == len(feeder["names"]) and rank1["tensors"] == 0
+    # verl's rollout.update_weights_bucket_megabytes (0.1 here) sets the rounds: the sync ran in several buckets
+    assert rank0["extra"]["buckets"] == rank1["extra"]["buckets"] > 1
 
 
 def test_a_replica_per_rank_feeds_both_servers(synced):
