@@ -19,6 +19,8 @@ sync are asserted through the recipes, on the same trainer and plugin (``test_re
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from hybrid_engine.verl_plugin.demo_run import RunResult, demo_overrides, run_main_ppo
@@ -26,6 +28,8 @@ from hybrid_engine.verl_plugin.weight_sync import SYNC_LOG_ENV
 from tests.e2e.checks import assert_rollout_is_the_actor, assert_weight_sync_through_the_resharder
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +44,8 @@ def _run(assets, tmp_path_factory, name: str, *, algo: str, world_size: int, ste
     result = run_main_ppo(
         demo_overrides(assets, algo=algo, world_size=world_size, steps=steps),
         workdir=workdir,
-        env={SYNC_LOG_ENV: str(workdir / "weight_sync.jsonl")},
+        # the checkout first on the path, as for the recipes' runs (an installed copy of the pack may be older)
+        env={SYNC_LOG_ENV: str(workdir / "weight_sync.jsonl"), "PYTHONPATH": str(ROOT)},
         timeout_s=600,
     )
     if result.returncode != 0 or len(result.metrics) != steps:
