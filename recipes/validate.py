@@ -10,7 +10,7 @@ import contextlib
 import io
 import os
 import warnings as _warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -183,7 +183,9 @@ def _check_token_budgets(cfg, train: TrainLayout, use_critic: bool, use_ref: boo
             )
 
 
-def _check_model(arch: ModelArch, train: TrainLayout, infer: InferLayout, strategy: str, problems, warnings) -> None:
+def _check_model(
+    arch: ModelArch, train: TrainLayout, infer: InferLayout, strategy: str, problems, warnings, rollout: str = ""
+) -> None:
     name = arch.name
     heads, kv = arch.num_attention_heads, arch.num_key_value_heads
     if strategy == "megatron":
@@ -198,6 +200,9 @@ def _check_model(arch: ModelArch, train: TrainLayout, infer: InferLayout, strate
             problems.append(f"layout.train.pp: {name} has {arch.num_hidden_layers} layers, not divisible by "
                             f"pp({train.pp}): {arch.num_hidden_layers} % {train.pp} = "
                             f"{arch.num_hidden_layers % train.pp}")
+    if rollout == "hf":
+        # the hf rollout does not shard: infer.tp is the number of ranks per server (one feeds it), not a split of heads
+        infer = replace(infer, tp=1, pp=1)
     if heads % infer.tp:
         problems.append(f"layout.infer.tp: {name} has {heads} attention heads, not divisible by tp({infer.tp}): "
                         f"{heads} % {infer.tp} = {heads % infer.tp}")
@@ -294,7 +299,8 @@ def inspect(cfg: DictConfig, *, run_verl: bool = True) -> Checked:
         _check_batches(cfg, train, use_critic, problems)
         _check_token_budgets(cfg, train, use_critic, use_ref, problems, warnings)
         if arch is not None and infer is not None:
-            _check_model(arch, train, infer, OmegaConf.select(cfg, "strategy.name"), problems, warnings)
+            strategy, rollout = OmegaConf.select(cfg, "strategy.name"), str(OmegaConf.select(cfg, "rollout.name"))
+            _check_model(arch, train, infer, strategy, problems, warnings, rollout)
     if problems:
         return Checked(cfg=cfg, train=train, infer=infer, arch=arch, warnings=warnings, problems=problems)
     resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))

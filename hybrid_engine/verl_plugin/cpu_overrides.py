@@ -78,7 +78,7 @@ PARALLEL_CPU: dict[str, Any] = {
 ROLLOUT_HF: dict[str, Any] = {
     # The plugin's HF-transformers rollout (hybrid_engine.verl_plugin.hf_rollout).
     "actor_rollout_ref.rollout.name": "hf",
-    # One rollout replica per actor rank; the hf server does not shard.
+    # Ranks per hf server (it does not shard; rank 0 of each replica feeds it). world_size(n) sets n: one server.
     "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
     # Nothing to free between generation and training on the CPU.
     "actor_rollout_ref.rollout.free_cache_engine": False,
@@ -166,8 +166,13 @@ KL_PPO_DEMO: dict[str, Any] = {
 
 
 def world_size(n: int) -> dict[str, Any]:
-    """The two keys that set the number of actor processes (FSDP2 ranks over gloo)."""
-    return {"trainer.n_gpus_per_node": n, "+ray_kwargs.ray_init.num_gpus": n}
+    """The keys that set the number of actor processes (FSDP2 ranks over gloo), with one hf server for all of them
+    (fed by rank 0, as the recipes' ``parallel=cpu`` does)."""
+    return {
+        "trainer.n_gpus_per_node": n,
+        "+ray_kwargs.ray_init.num_gpus": n,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": n,
+    }
 
 
 def _format(value: Any) -> str:

@@ -4,11 +4,11 @@ embedded default (FSDP2 over gloo, the plugin's hf rollout, the tiny model and t
 run                         steps  asserted (from the run folder's metrics.jsonl, one JSON line per step)
 GRPO, world size 1 (demo)     12   mean reward of the last 3 steps >= first 3 + 0.15; rollout == actor each step;
                                    progress lines, checkpoint, curves.png, resolved config in the run folder
-GRPO, world size 2,            3   the batch is split over 2 ranks; rollout == actor; weight sync through the
-  one rollout replica                resharder: rank 0 (which feeds the server) receives what it lacks, rank 1 nothing
+GRPO, world size 2             3   the batch is split over 2 ranks; rollout == actor; weight sync through the
+  (one hf server, the default)       resharder: rank 0 (which feeds the server) receives what it lacks, rank 1 nothing
 KL-PPO, world size 1           4   the critic trains (vf_loss > 0); in-reward KL is 0 at step 1, then > 0
 KL-PPO, world size 2,          3   critic and actor train on 2 ranks; rollout == actor; weight sync through the
-  a replica per rank                 resharder, both ranks feeding a server
+  layout.infer.tp=1                  resharder, each rank feeding its own server
 GRPO, weight sync off          4   the rollout/actor gap is 0 at step 1, then > 100x the synced bound
 
 "rollout == actor": verl's training/rollout_probs_diff_max (largest |p_rollout - p_actor| over response tokens) and
@@ -83,8 +83,8 @@ def grpo(tmp_path_factory) -> Run:
 
 @pytest.fixture(scope="module")
 def grpo_ws2(tmp_path_factory) -> Run:
-    # one hf server for both ranks (generation tp 2): only rank 0 feeds it
-    return run("grpo", tmp_path_factory.mktemp("grpo_ws2"), "cluster.gpus_per_node=2", "layout.infer.tp=2", steps=3)
+    # the default at 2 ranks: one hf server for both (generation tp 2), only rank 0 feeds it
+    return run("grpo", tmp_path_factory.mktemp("grpo_ws2"), "cluster.gpus_per_node=2", steps=3)
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,8 @@ def kl_ppo(tmp_path_factory) -> Run:
 
 @pytest.fixture(scope="module")
 def kl_ppo_ws2(tmp_path_factory) -> Run:
-    return run("kl_ppo", tmp_path_factory.mktemp("kl_ppo_ws2"), "cluster.gpus_per_node=2", steps=3)
+    # a server per rank (generation tp 1): both ranks feed one
+    return run("kl_ppo", tmp_path_factory.mktemp("kl_ppo_ws2"), "cluster.gpus_per_node=2", "layout.infer.tp=1", steps=3)
 
 
 def test_grpo_demo_learns_and_leaves_a_complete_run_folder(grpo):

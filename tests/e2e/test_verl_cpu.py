@@ -71,9 +71,9 @@ def test_grpo_world_size_2_splits_the_batch_and_keeps_rollout_and_actor_in_step(
         assert step["global_seqlen/mean"] * 2 == pytest.approx(step["perf/total_num_tokens"], abs=1)
     assert_rollout_is_the_actor(grpo_ws2)
     assert all(norm > 0 for norm in grpo_ws2.series("actor/grad_norm"))
-    # verl's default: a rollout replica per rank, so both ranks feed a server
+    # cpu_overrides.world_size(2): one hf server for both ranks, fed by rank 0
     assert_weight_sync_through_the_resharder(
-        grpo_ws2.log_path.parent / "weight_sync.jsonl", world_size=2, rollout_tp=1, steps=4
+        grpo_ws2.log_path.parent / "weight_sync.jsonl", world_size=2, rollout_tp=2, steps=4
     )
 
 
