@@ -153,6 +153,7 @@ class Scheme:
         self.order = [t.name for t in unique_tensors(spec)]
         self._plans: dict[tuple, Exchange] = {}
         self._targets: dict[tuple[int, int, str], Box | None] = {}
+        self._chains: dict[tuple[int, int], tuple[Group, ...]] = {}
         self._gen_names: dict[int, frozenset[str]] = {}
         self._token = next(_SCHEME_TOKENS)  # unlike id(), never reused by a later scheme
         self._megatron: dict[tuple[int, int], dict[str, tuple[Box, ...]]] = {}
@@ -273,7 +274,14 @@ class Scheme:
         return [n for n in self.order if any(s.final and self.target(i, rank, n) for i, s in enumerate(self.steps))]
 
     def chain(self, step: int, rank: int) -> tuple[Group, ...]:
-        """Groups of ``rank`` in ``step``, narrowest first; the last is where the all-to-all runs."""
+        """Groups of ``rank`` in ``step``, narrowest first; the last is where the all-to-all runs. Memoised: the
+        executor asks for it per bucket on every switch."""
+        key = (step, rank)
+        if key not in self._chains:
+            self._chains[key] = self._chain(step, rank)
+        return self._chains[key]
+
+    def _chain(self, step: int, rank: int) -> tuple[Group, ...]:
         groups, world = self.groups, tuple(range(self.world))
         if self.name == "hybridflow":
             micro = tuple(sorted(groups.micro_dp_group(rank)))
@@ -551,8 +559,7 @@ def _run_program(program: list, rank: int, names: tuple[str, ...], sources: Loca
     for name, op in zip(names, program, strict=True):
         if op is None:
             continue
-        segments = sources.segments[name] if name in sources.segments else ()
-        tensor = None
+        segments = sources.segments.get(name, ())
         if op[0] == "view":
             tensor = _apply(sources.view(name, segments[op[2]]), op[3])
             if not tensor.is_contiguous():  # storage strides differ from the compiled sources': copy after all

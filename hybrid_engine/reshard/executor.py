@@ -101,7 +101,6 @@ class Resharder:
         self.stats: ReshardStats | None = None
         self._p2p_cache: dict[int, tuple] = {}
         self._buckets: dict[int, list[tuple[str, ...]]] = {}  # element size -> buckets
-        self._exchanges: dict[tuple[int, tuple[str, ...]], Exchange] = {}  # (step, bucket) -> this rank's exchange
         self._programs: dict = {}  # allocate_outputs' compiled box arithmetic, per (step, bucket, sources layout)
         _create_process_groups(self.scheme.all_groups())
 
@@ -151,9 +150,7 @@ class Resharder:
             for index, step in enumerate(self.scheme.steps):
                 sources = shards if step.source == "shards" else previous
                 tic = time.perf_counter()
-                exchange = self._exchanges.get((index, bucket))
-                if exchange is None:
-                    exchange = self._exchanges[index, bucket] = self.scheme.exchange(index, self.rank, bucket)
+                exchange = self.scheme.exchange(index, self.rank, bucket)
                 toc = time.perf_counter()
                 stats.plan_s += toc - tic
                 outputs, nbytes = allocate_outputs(
@@ -368,7 +365,7 @@ def stream_to_feeders(
         yield from resharder.stream(shards)
         if stats_out is not None:
             stats = resharder.stats
-            stats.planned = resharder.planned(shards.storage[next(iter(shards.storage))].element_size())
+            stats.planned = resharder.planned(torch.empty((), dtype=shards.dtype).element_size())
             stats_out.append(stats)
 
     return stream()

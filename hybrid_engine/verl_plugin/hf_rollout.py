@@ -35,7 +35,7 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
-from hybrid_engine.verl_plugin.weight_sync import enable_sharded_export, finish, open_weight_stream
+from hybrid_engine.verl_plugin.weight_sync import enable_sharded_export, open_weight_stream
 
 __all__ = [
     "ROLLOUT_NAME",
@@ -356,14 +356,15 @@ class HFRolloutAdapter(BaseRollout):
             raise NotImplementedError("the hf rollout takes merged weights only (model.lora.merge=True)")
         feeds_server = self.rollout_rank == 0
         if self.sync_weights:
-            stream, record = open_weight_stream(
+            sync = open_weight_stream(
                 weights,
                 global_steps=global_steps,
                 rollout_world_size=self.rollout_world_size,
+                feeder=feeds_server,
                 bucket_bytes=self.bucket_bytes,
             )
-            state = hand_off_weights(stream, keep=feeds_server)
-            finish(record, tensors=len(state) if state is not None else 0)
+            state = hand_off_weights(sync.stream, keep=feeds_server)
+            sync.finish(tensors=len(state) if state is not None else 0)
         else:  # every rank skips alike: nothing is gathered, no collective runs
             state = None
         if not feeds_server:

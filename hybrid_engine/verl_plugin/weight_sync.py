@@ -32,6 +32,7 @@ import torch
 __all__ = [
     "SYNC_LOG_ENV",
     "SyncRecord",
+    "WeightSync",
     "enable_sharded_export",
     "export_sharded",
     "open_weight_stream",
@@ -142,31 +143,61 @@ def _dtensor_bytes(state_dict) -> tuple[int, int]:
     return total, lacking
 
 
+@dataclass
+class WeightSync:
+    """One sync in progress: the ``stream`` every rank must drain, then :meth:`finish`."""
+
+    stream: Iterator[tuple[str, torch.Tensor]]
+    record: SyncRecord
+    started: float
+    stats_out: list = field(default_factory=list)  # the resharder's ReshardStats, once the stream is drained
+
+    def finish(self, tensors: int) -> SyncRecord:
+        """Fill in what the drained stream measured; append the record to ``$HYBRID_ENGINE_SYNC_LOG`` if set."""
+        record = self.record
+        record.seconds = time.perf_counter() - self.started
+        record.tensors = tensors
+        if self.stats_out:
+            measured = self.stats_out[0]
+            record.received_bytes = measured.received_bytes
+            record.planned_bytes = measured.planned.received if measured.planned is not None else None
+            record.extra["peak_extra_bytes"] = measured.peak_extra_bytes
+            record.extra["buckets"] = measured.buckets
+        path = os.environ.get(SYNC_LOG_ENV)
+        if path:
+            with open(path, "a", encoding="utf-8") as log:  # one short line per write: appends do not interleave
+                log.write(record.to_json() + "\n")
+        return record
+
+
 def open_weight_stream(
-    weights, *, global_steps: int | None, rollout_world_size: int, bucket_bytes: int | None = None
-) -> tuple[Iterator[tuple[str, torch.Tensor]], SyncRecord]:
-    """``(stream, record)``: the stream every rank must drain, and the record :func:`finish` completes.
+    weights,
+    *,
+    global_steps: int | None,
+    rollout_world_size: int,
+    feeder: bool,
+    bucket_bytes: int | None = None,
+) -> WeightSync:
+    """Start one sync on this rank: the resharder's stream where it takes ``weights``, else verl's.
 
     ``weights``: what the actor's engine exported (:class:`ShardedWeights`, or any ``(name, tensor)`` iterable).
-    ``bucket_bytes``: full bytes of the tensors moved per round (verl's ``rollout.update_weights_bucket_megabytes``);
-    None: the resharder's default."""
+    ``feeder``: this rank hands the weights to a rollout server. ``bucket_bytes``: full bytes of the tensors moved
+    per round (verl's ``rollout.update_weights_bucket_megabytes``); None: the resharder's default."""
     import torch.distributed as dist
 
-    from hybrid_engine.reshard import ShardedWeights, feeder_ranks, rollout_weight_stream
+    from hybrid_engine.reshard import ShardedWeights, rollout_weight_stream
 
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    rank = dist.get_rank() if dist.is_initialized() else 0
     record = SyncRecord(
         global_steps=global_steps,
-        rank=rank,
-        world_size=world,
+        rank=dist.get_rank() if dist.is_initialized() else 0,
+        world_size=dist.get_world_size() if dist.is_initialized() else 1,
         rollout_world_size=rollout_world_size,
-        feeder=rank in feeder_ranks(world, rollout_world_size) if world % rollout_world_size == 0 else rank == 0,
+        feeder=feeder,
         scheme="verl_full_tensor",
     )
-    record.extra["started"] = time.perf_counter()
+    started = time.perf_counter()
     if not isinstance(weights, ShardedWeights):
-        return iter(weights), record
+        return WeightSync(iter(weights), record, started)
     record.model_bytes, record.full_tensor_bytes = _dtensor_bytes(weights.state_dict)
     stats_out: list = []
     try:
@@ -180,28 +211,9 @@ def open_weight_stream(
     except (KeyError, NotImplementedError, TypeError, ValueError) as error:
         record.fallback_reason = f"{type(error).__name__}: {error}"
         _log_fallback_once(record.fallback_reason)
-        return iter(weights.fallback), record
+        return WeightSync(iter(weights.fallback), record, started)
     record.scheme = "gather_to_feeders"
-    record.extra["stats"] = stats_out
-    return stream, record
-
-
-def finish(record: SyncRecord, tensors: int) -> SyncRecord:
-    """Fill in what the drained stream measured; append the record to ``$HYBRID_ENGINE_SYNC_LOG`` if set."""
-    record.seconds = time.perf_counter() - record.extra.pop("started")
-    record.tensors = tensors
-    stats = record.extra.pop("stats", None)
-    if stats:
-        measured = stats[0]
-        record.received_bytes = measured.received_bytes
-        record.planned_bytes = measured.planned.received if measured.planned is not None else None
-        record.extra["peak_extra_bytes"] = measured.peak_extra_bytes
-        record.extra["buckets"] = measured.buckets
-    path = os.environ.get(SYNC_LOG_ENV)
-    if path:
-        with open(path, "a", encoding="utf-8") as log:  # one short line per write: appends do not interleave
-            log.write(record.to_json() + "\n")
-    return record
+    return WeightSync(stream, record, started, stats_out)
 
 
 def read_sync_log(path) -> list[dict]:
