@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-__all__ = ["SMALL_SHAPES", "run_world", "small_spec"]
+__all__ = ["SMALL_SHAPES", "fully_sharded_tiny_model", "run_world", "small_spec"]
 
 
 def _entry(rank: int, fn, world: int, args: tuple, folder: str, backend: str) -> None:
@@ -77,3 +77,26 @@ def small_spec(name: str):
     if name in SMALL_SHAPES:
         return build_spec(arch_from_config(dict(SMALL_SHAPES[name]), name), "analytic")
     return build_spec(name)
+
+
+def fully_sharded_tiny_model(world: int, seed: int):
+    """``(config, model, full)``: the shipped tiny Qwen2 with seeded random weights under FSDP2 (``fully_shard`` per
+    decoder layer, then the whole model, over a 1-D CPU mesh of ``world`` ranks), as verl's FSDP2 engine holds it, and
+    ``full``, a copy of its state dict from before sharding. Call inside a ``run_world`` process."""
+    import json
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from hybrid_engine.model_spec import MODEL_CONFIG_DIR
+
+    config = json.loads((MODEL_CONFIG_DIR / "tiny" / "config.json").read_text())
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config))
+    full = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return config, model, full

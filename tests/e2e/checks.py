@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from hybrid_engine.verl_plugin.weight_sync import read_sync_log
 
 SYNCED_GAP = 1e-5
@@ -22,6 +24,14 @@ def assert_rollout_is_the_actor(result) -> None:
     assert max(gaps) < SYNCED_GAP, f"rollout/actor probability gap per step: {gaps}"
     kls = result.series(ROLLOUT_KL)
     assert len(kls) == len(result.metrics) and max(abs(kl) for kl in kls) < SYNCED_GAP, f"rollout/actor KL: {kls}"
+
+
+def assert_the_batch_is_split_over(result, ranks: int) -> None:
+    """verl balances each step's batch over the data-parallel ranks: each holds 1/ranks of the step's tokens; and
+    every rank's update moved the weights (a positive gradient norm at every step)."""
+    for step in result.metrics:
+        assert step["global_seqlen/mean"] * ranks == pytest.approx(step["perf/total_num_tokens"], abs=1)
+    assert all(norm > 0 for norm in result.series("actor/grad_norm"))
 
 
 def assert_weight_sync_through_the_resharder(log: Path, *, world_size: int, rollout_tp: int, steps: int) -> None:

@@ -32,6 +32,7 @@ from tests.e2e.checks import (
     DIFF_MAX,
     SYNCED_GAP,
     assert_rollout_is_the_actor,
+    assert_the_batch_is_split_over,
     assert_weight_sync_through_the_resharder,
 )
 
@@ -114,10 +115,8 @@ def test_grpo_demo_learns_and_leaves_a_complete_run_folder(grpo):
 
 
 def test_grpo_world_size_2(grpo_ws2):
-    for step in grpo_ws2.metrics:
-        assert step["global_seqlen/mean"] * 2 == pytest.approx(step["perf/total_num_tokens"], abs=1)
+    assert_the_batch_is_split_over(grpo_ws2, ranks=2)
     assert_rollout_is_the_actor(grpo_ws2)
-    assert all(norm > 0 for norm in grpo_ws2.series("actor/grad_norm"))
     assert_weight_sync_through_the_resharder(
         grpo_ws2.run_dir / "weight_sync.jsonl", world_size=2, rollout_tp=2, steps=3
     )
@@ -134,8 +133,7 @@ def test_kl_ppo_trains_the_critic_with_kl_in_the_reward(kl_ppo):
 
 def test_kl_ppo_world_size_2(kl_ppo_ws2):
     assert all(loss > 0 for loss in kl_ppo_ws2.series("critic/vf_loss"))
-    for step in kl_ppo_ws2.metrics:
-        assert step["global_seqlen/mean"] * 2 == pytest.approx(step["perf/total_num_tokens"], abs=1)
+    assert_the_batch_is_split_over(kl_ppo_ws2, ranks=2)
     assert_rollout_is_the_actor(kl_ppo_ws2)
     assert_weight_sync_through_the_resharder(
         kl_ppo_ws2.run_dir / "weight_sync.jsonl", world_size=2, rollout_tp=1, steps=3

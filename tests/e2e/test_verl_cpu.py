@@ -25,7 +25,11 @@ import pytest
 
 from hybrid_engine.verl_plugin.demo_run import RunResult, demo_overrides, run_main_ppo
 from hybrid_engine.verl_plugin.weight_sync import SYNC_LOG_ENV
-from tests.e2e.checks import assert_rollout_is_the_actor, assert_weight_sync_through_the_resharder
+from tests.e2e.checks import (
+    assert_rollout_is_the_actor,
+    assert_the_batch_is_split_over,
+    assert_weight_sync_through_the_resharder,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.slow]
 
@@ -66,11 +70,8 @@ def kl_ppo(assets, tmp_path_factory) -> RunResult:
 
 
 def test_grpo_world_size_2_splits_the_batch_and_keeps_rollout_and_actor_in_step(grpo_ws2):
-    for step in grpo_ws2.metrics:
-        # verl balances the batch over the data-parallel ranks: each holds half of the step's tokens
-        assert step["global_seqlen/mean"] * 2 == pytest.approx(step["perf/total_num_tokens"], abs=1)
+    assert_the_batch_is_split_over(grpo_ws2, ranks=2)
     assert_rollout_is_the_actor(grpo_ws2)
-    assert all(norm > 0 for norm in grpo_ws2.series("actor/grad_norm"))
     # cpu_overrides.world_size(2): one hf server for both ranks, fed by rank 0
     assert_weight_sync_through_the_resharder(
         grpo_ws2.log_path.parent / "weight_sync.jsonl", world_size=2, rollout_tp=2, steps=4

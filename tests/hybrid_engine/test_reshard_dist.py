@@ -11,15 +11,13 @@ generation TP above the kv heads. The 32-rank geometry itself is checked in test
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 import torch.distributed as dist
 
 from hybrid_engine.groups import hybrid_groups
 from hybrid_engine.layout import InferLayout, TrainLayout
-from hybrid_engine.model_spec import MODEL_CONFIG_DIR, arch_from_config, build_spec
+from hybrid_engine.model_spec import arch_from_config, build_spec
 from hybrid_engine.reshard import (
     Resharder,
     ShardedWeights,
@@ -31,7 +29,7 @@ from hybrid_engine.reshard import (
     synthetic_source,
     synthetic_tensor,
 )
-from hybrid_engine.reshard.harness import run_world, small_spec
+from hybrid_engine.reshard.harness import fully_sharded_tiny_model, run_world, small_spec
 from hybrid_engine.reshard.shards import fsdp_box, full_box, narrow_box, unique_tensors
 
 SEED = 11
@@ -119,19 +117,8 @@ def _dtensor_case(rank: int, world: int, case: dict) -> list[dict]:
 
 def _fsdp2_case(rank: int, world: int, case: dict) -> list[dict]:
     """A real FSDP2 module (fully_shard on the tiny HF Qwen2 model, CPU/gloo) -> tp1 / tp2, and the rollout hand-off."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = json.loads((MODEL_CONFIG_DIR / "tiny" / "config.json").read_text())
+    config, model, full = fully_sharded_tiny_model(world, SEED)
     spec = build_spec(arch_from_config(config, "tiny"))
-    torch.manual_seed(SEED)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config))
-    full = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
-    mesh = init_device_mesh("cpu", (world,))
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
     shards = fsdp_shards_from_state_dict(model.state_dict(), spec)
 
     def reference_for(resharder):

@@ -18,7 +18,6 @@ sent. Asserted, per rollout layout:
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from types import SimpleNamespace
 
@@ -26,8 +25,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from hybrid_engine.model_spec import MODEL_CONFIG_DIR
-from hybrid_engine.reshard.harness import run_world
+from hybrid_engine.reshard.harness import fully_sharded_tiny_model, run_world
 from hybrid_engine.verl_plugin.weight_sync import SYNC_LOG_ENV, read_sync_log
 
 SEED = 5
@@ -58,23 +56,12 @@ def _verl_generator(state_dict, started: list):
 
 
 def _sync(rank: int, world: int, log_path: str) -> list[dict]:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     from hybrid_engine.verl_plugin.hf_rollout import HFRolloutAdapter
     from hybrid_engine.verl_plugin.weight_sync import export_sharded
 
     os.environ["RANK"] = str(rank)
     os.environ[SYNC_LOG_ENV] = log_path
-    config = json.loads((MODEL_CONFIG_DIR / "tiny" / "config.json").read_text())
-    torch.manual_seed(SEED)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config))
-    full = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
-    mesh = init_device_mesh("cpu", (world,))
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    config, model, full = fully_sharded_tiny_model(world, SEED)
     engine = SimpleNamespace(
         module=model, model_config=SimpleNamespace(hf_config=model.config), _qat_enabled=False, _is_offload_param=False
     )

@@ -22,9 +22,10 @@ from recipes.bundle import (
     write_bundle,
 )
 from recipes.compose import compose_recipe
+from recipes.launch import embedded_defaults
 
 ROOT = Path(__file__).resolve().parents[2]
-CPU = ["parallel=cpu", "cluster=cpu", "rollout=hf", "model=tiny", "task=tiny"]
+CPU = embedded_defaults([], accelerator=False)  # parallel=cpu cluster=cpu rollout=hf model=tiny task=tiny
 
 
 SECRET_NAMES = ["WANDB_API_KEY", "HF_TOKEN", "GITHUB_TOKEN", "MY_SERVICE_TOKEN", "AWS_SECRET_ACCESS_KEY",

@@ -15,9 +15,9 @@ from hybrid_engine.verl_plugin.cpu_overrides import (
     ROLLOUT_HF,
 )
 from recipes.compose import compose_recipe
-from recipes.launch import EMBEDDED_DEFAULTS
+from recipes.launch import embedded_defaults
 
-EMBEDDED = [f"{group}={option}" for group, option in EMBEDDED_DEFAULTS.items()]
+EMBEDDED = embedded_defaults([], accelerator=False)
 
 # keys whose value is a placeholder filled from the tiny assets, or that the recipes derive differently on purpose
 NOT_COMPARED = {

@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 
 from recipes.compose import compose_recipe
 from recipes.errors import ConfigError
+from recipes.launch import embedded_defaults
 from recipes.nccl_env import (
     adapt_ray_init,
     ray_init_runtime_env,
@@ -17,7 +18,7 @@ from recipes.nccl_env import (
     worker_env,
 )
 
-CPU = ["parallel=cpu", "cluster=cpu", "rollout=hf", "model=tiny", "task=tiny"]
+CPU = embedded_defaults([], accelerator=False)  # parallel=cpu cluster=cpu rollout=hf model=tiny task=tiny
 BASE = {"PATH": "/usr/bin", "HOME": "/root"}
 
 

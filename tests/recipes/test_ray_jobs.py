@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 
 from recipes.compose import compose_recipe
 from recipes.errors import ConfigError
+from recipes.launch import embedded_defaults
 from recipes.ray_jobs import (
     JobSpec,
     connect,
@@ -31,7 +32,7 @@ from recipes.ray_jobs import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-CPU = ["parallel=cpu", "cluster=cpu", "rollout=hf", "model=tiny", "task=tiny"]
+CPU = embedded_defaults([], accelerator=False)  # parallel=cpu cluster=cpu rollout=hf model=tiny task=tiny
 
 
 def _closed_port() -> int:
