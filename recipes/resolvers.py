@@ -7,7 +7,7 @@ import os
 from omegaconf import OmegaConf
 
 _ASSET_FIELDS = {
-    # key -> field of hybrid_engine.assets.TinyAssets (built on first use, then cached)
+    # key -> field of recipes.verl_ext.demo.TinyAssets (built on first use, then cached)
     "model": "model_dir",
     "train": "train_parquet",
     "val": "val_parquet",
@@ -55,7 +55,7 @@ def _asset(key: str) -> str:
     """A path of the tiny asset set under $PACK_DATA_DIR; the set is built locally the first time (~2 s)."""
     if key not in _ASSET_FIELDS:
         raise ValueError(f"pack.asset: unknown asset {key!r}; choose from {sorted(_ASSET_FIELDS)}")
-    from hybrid_engine.assets import ensure_tiny_assets
+    from recipes.verl_ext.demo import ensure_tiny_assets
 
     return str(getattr(ensure_tiny_assets(), _ASSET_FIELDS[key]))
 

@@ -22,12 +22,12 @@ def run_env(cfg: DictConfig, run_dir: Path) -> dict[str, str]:
         "TENSORBOARD_DIR": str(run_dir / "tensorboard"),
         "WANDB_DIR": str(run_dir),
         # verl hides plugin import errors; naming the plugin here makes a refusal (wrong verl) loud in every worker
-        "VERL_USE_EXTERNAL_MODULES": "hybrid_engine.verl_plugin",
+        "VERL_USE_EXTERNAL_MODULES": "recipes.verl_ext.plugin",
     }
-    # stability (hybrid_engine.stability): its trainer and KL guard are registered in every Ray worker
-    env["VERL_USE_EXTERNAL_MODULES"] += ",hybrid_engine.stability.verl_hooks"
+    # stability (recipes.verl_ext.stability): its trainer and KL guard are registered in every Ray worker
+    env["VERL_USE_EXTERNAL_MODULES"] += ",recipes.verl_ext.stability.verl_hooks"
     # each actor rank appends what it received per weight sync (the hf rollout's resharder hand-off)
-    from hybrid_engine.verl_plugin.weight_sync import SYNC_LOG_ENV
+    from recipes.verl_ext.plugin.weight_sync import SYNC_LOG_ENV
 
     env[SYNC_LOG_ENV] = str(run_dir / "weight_sync.jsonl")
     # TransferQueue asks torch for 8 threads and warns on every put/get where the machine has fewer cores
@@ -56,12 +56,12 @@ def prepare(cfg: DictConfig) -> Path:
 
 
 def run_training(checked) -> None:
-    from hybrid_engine.verl_plugin import require_supported_verl
+    from recipes.verl_ext.plugin import require_supported_verl
 
     require_supported_verl()
     cfg = checked.cfg
     if cfg.model.name == "tiny" or cfg.task.get("name") == "tiny":
-        from hybrid_engine.assets import ensure_tiny_assets
+        from recipes.verl_ext.demo import ensure_tiny_assets
 
         ensure_tiny_assets()
     run_dir = prepare(cfg)
@@ -78,8 +78,8 @@ def run_training(checked) -> None:
     metrics_path = run_dir / "metrics.jsonl"
     print(f"training: {checked.cfg.run.name} in {run_dir} (metrics.jsonl, checkpoints/, curves.png)", flush=True)
     with ProgressPrinter(metrics_path, total):
-        # stability (hybrid_engine.stability): monitoring bands; under stability=auto the rollback supervisor
-        from hybrid_engine.stability import supervise
+        # stability (recipes.verl_ext.stability): monitoring bands; under stability=auto the rollback supervisor
+        from recipes.verl_ext.stability import supervise
 
         supervise(cfg, run_dir, run_verl, metrics_path)
     summarize(metrics_path, run_dir, title=f"{cfg.run.name}: {cfg.model.name}, {cfg.strategy.name}")
@@ -115,7 +115,7 @@ def summarize(metrics_path: Path, run_dir: Path, title: str = "") -> None:
 
 def weight_sync_summary(path: Path) -> str | None:
     """One line: bytes each rank received per weight sync, beside what verl's ``full_tensor()`` path receives."""
-    from hybrid_engine.verl_plugin.weight_sync import read_sync_log
+    from recipes.verl_ext.plugin.weight_sync import read_sync_log
 
     records = read_sync_log(path)
     if not records:

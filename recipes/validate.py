@@ -16,8 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from hybrid_engine.layout import FSDP_ORDER, InferLayout, TrainLayout, collect_layout_errors
 from hybrid_engine.model_spec import ModelArch, load_arch
-from hybrid_engine.stability.entropy import entropy_warnings
 from recipes.errors import ConfigError
+from recipes.verl_ext.stability.entropy import entropy_warnings
 
 FSDP_STRATEGIES = ("fsdp", "fsdp2")
 

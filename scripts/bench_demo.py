@@ -33,8 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="extra verl overrides, key=value")
     args = parser.parse_args(argv)
 
-    from hybrid_engine.assets import ensure_tiny_assets
-    from hybrid_engine.verl_plugin.demo_run import demo_overrides, run_main_ppo
+    from recipes.verl_ext.demo import ensure_tiny_assets
+    from recipes.verl_ext.demo.run import demo_overrides, run_main_ppo
 
     assets = ensure_tiny_assets()
     overrides = demo_overrides(

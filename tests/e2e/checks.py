@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hybrid_engine.verl_plugin.weight_sync import read_sync_log
+from recipes.verl_ext.plugin.weight_sync import read_sync_log
 
 SYNCED_GAP = 1e-5
 """Largest |p_rollout - p_actor| (and |KL|) a synced step may show: the rollout generated with the actor's weights."""

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from hybrid_engine.verl_plugin.hf_rollout import SYNC_WEIGHTS_ENV
+from recipes.verl_ext.plugin.hf_rollout import SYNC_WEIGHTS_ENV
 from tests.e2e.checks import (
     DIFF_MAX,
     SYNCED_GAP,

@@ -2,7 +2,7 @@
 
 What a verl user gets from the plugin alone, without the recipes: two runs of verl 0.9.1's default (v1,
 TransferQueue) trainer, FSDP2 over gloo, the plugin's ``hf`` rollout, with the overrides of
-``hybrid_engine.verl_plugin.cpu_overrides`` and fixed seeds (model init, prompt order, sampling):
+``recipes.verl_ext.plugin.cpu_overrides`` and fixed seeds (model init, prompt order, sampling):
 
 ========================  =====  ==========================================================================
 run                       steps  what is asserted (numbers from verl's file logger, one JSON line per step)
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from hybrid_engine.verl_plugin.demo_run import RunResult, demo_overrides, run_main_ppo
-from hybrid_engine.verl_plugin.weight_sync import SYNC_LOG_ENV
+from recipes.verl_ext.demo.run import RunResult, demo_overrides, run_main_ppo
+from recipes.verl_ext.plugin.weight_sync import SYNC_LOG_ENV
 from tests.e2e.checks import (
     assert_rollout_is_the_actor,
     assert_the_batch_is_split_over,
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def assets():
-    from hybrid_engine.assets import ensure_tiny_assets
+    from recipes.verl_ext.demo import ensure_tiny_assets
 
     return ensure_tiny_assets()
 

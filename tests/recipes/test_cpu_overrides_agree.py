@@ -1,6 +1,6 @@
 """The CPU settings exist twice, on purpose: as the recipes' embedded default (conf/cluster/cpu.yaml, rollout/hf,
 model/tiny, task/tiny) and as plain verl overrides for ``python -m verl.trainer.main_ppo``
-(``hybrid_engine.verl_plugin.cpu_overrides``, for verl users without the recipes, and for bench_demo). This test keeps
+(``recipes.verl_ext.plugin.cpu_overrides``, for verl users without the recipes, and for bench_demo). This test keeps
 the two in step: every verl key the override list sets has the same value in the recipes' resolved config."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from hybrid_engine.verl_plugin.cpu_overrides import (
+from recipes.compose import compose_recipe
+from recipes.launch import embedded_defaults
+from recipes.verl_ext.plugin.cpu_overrides import (
     DATA_TINY,
     MODEL_TINY,
     PARALLEL_CPU,
     ROLLOUT_HF,
 )
-from recipes.compose import compose_recipe
-from recipes.launch import embedded_defaults
 
 EMBEDDED = embedded_defaults([], accelerator=False)
 

@@ -31,7 +31,7 @@ def test_wheel_contains_conf_tree(tmp_path):
                  "hydra_plugins/klppo_launcher/ray_jobs_launcher.py"):
         assert path in names, path
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "hybrid_engine = hybrid_engine.verl_plugin" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "klppo = recipes.verl_ext.plugin" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
 
 def test_every_package_is_listed_in_pyproject():

@@ -3,7 +3,7 @@
 ``recipes/train.py`` names this module in ``VERL_USE_EXTERNAL_MODULES``, which verl imports from its own
 ``__init__`` in the driver and in every Ray worker. Importing it:
 
-1. registers :class:`~hybrid_engine.stability.trainer.StabilityTrainer` under ``trainer.v1.trainer_mode=stability``
+1. registers :class:`~recipes.verl_ext.stability.trainer.StabilityTrainer` under ``trainer.v1.trainer_mode=stability``
    with verl's own trainer registry (``register_trainer``), right after ``verl.trainer.ppo.v1`` is imported;
 2. wraps, in ``verl.workers.engine_workers`` (pinned to verl 0.9.1, loud on another version):
 
@@ -23,8 +23,8 @@ from __future__ import annotations
 import functools
 import logging
 
-from hybrid_engine.stability.guard import GUARD_KEY, KL_COEF_KEY, KL_METRIC, KLGuard, scalar
-from hybrid_engine.verl_plugin.patches import require_supported_verl, when_imported
+from recipes.verl_ext.plugin.patches import require_supported_verl, when_imported
+from recipes.verl_ext.stability.guard import GUARD_KEY, KL_COEF_KEY, KL_METRIC, KLGuard, scalar
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ _current = _Update()
 
 def _register_trainer(v1_package) -> None:
     require_supported_verl()
-    from hybrid_engine.stability.trainer import StabilityTrainer
+    from recipes.verl_ext.stability.trainer import StabilityTrainer
 
     if v1_package.trainer_base.TRAINER_REGISTRY.get(TRAINER_MODE) is not StabilityTrainer:
         v1_package.register_trainer(TRAINER_MODE)(StabilityTrainer)

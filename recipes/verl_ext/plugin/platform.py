@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from hybrid_engine.verl_plugin import cpu_device
+from recipes.verl_ext.plugin import cpu_device
 
 __all__ = ["PLATFORM_NAME", "PlatformCPU", "accelerator_build", "cpu_platform_wanted"]
 

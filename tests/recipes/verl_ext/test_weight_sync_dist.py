@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from hybrid_engine.reshard.harness import fully_sharded_tiny_model, run_world
-from hybrid_engine.verl_plugin.weight_sync import SYNC_LOG_ENV, read_sync_log
+from recipes.verl_ext.plugin.weight_sync import SYNC_LOG_ENV, read_sync_log
 
 SEED = 5
 
@@ -56,8 +56,8 @@ def _verl_generator(state_dict, started: list):
 
 
 def _sync(rank: int, world: int, log_path: str) -> list[dict]:
-    from hybrid_engine.verl_plugin.hf_rollout import HFRolloutAdapter
-    from hybrid_engine.verl_plugin.weight_sync import export_sharded
+    from recipes.verl_ext.plugin.hf_rollout import HFRolloutAdapter
+    from recipes.verl_ext.plugin.weight_sync import export_sharded
 
     os.environ["RANK"] = str(rank)
     os.environ[SYNC_LOG_ENV] = log_path

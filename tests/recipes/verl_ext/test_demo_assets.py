@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 import torch
 
-from hybrid_engine.assets import TinyAssets, default_root, ensure_tiny_assets
-from hybrid_engine.assets.reward import compute_score, digit_fraction
+from recipes.verl_ext.demo import TinyAssets, default_root, ensure_tiny_assets
+from recipes.verl_ext.demo.reward import compute_score, digit_fraction
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +95,7 @@ def test_verls_continuous_token_builder_accepts_the_tokenizer(assets):
 def test_model_is_the_shipped_tiny_architecture_and_runs(assets):
     from transformers import AutoModelForCausalLM
 
-    shipped = json.loads((Path(__file__).parents[2] / "hybrid_engine/model_configs/tiny/config.json").read_text())
+    shipped = json.loads((Path(__file__).parents[3] / "hybrid_engine/model_configs/tiny/config.json").read_text())
     model = AutoModelForCausalLM.from_pretrained(assets.model_dir, attn_implementation="sdpa")
     for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size"):
         assert getattr(model.config, key) == shipped[key], key

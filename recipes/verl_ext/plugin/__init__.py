@@ -23,13 +23,13 @@ from __future__ import annotations
 import logging
 import os
 
-from hybrid_engine.verl_plugin.patches import (
+from recipes.verl_ext.plugin.patches import (
     SUPPORTED_VERL,
     UnsupportedVerlError,
     installed_verl_version,
     require_supported_verl,
 )
-from hybrid_engine.verl_plugin.platform import PLATFORM_NAME, cpu_platform_wanted
+from recipes.verl_ext.plugin.platform import PLATFORM_NAME, cpu_platform_wanted
 
 __all__ = [
     "SUPPORTED_VERL",
@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 
 
 def _load_hf_replica():
-    from hybrid_engine.verl_plugin.hf_rollout import HFReplica
+    from recipes.verl_ext.plugin.hf_rollout import HFReplica
 
     return HFReplica
 
@@ -57,7 +57,7 @@ def install() -> None:
         logger.error("%s", error)  # verl swallows plugin import errors at debug level: say it out loud first
         raise
 
-    from hybrid_engine.verl_plugin import patches
+    from recipes.verl_ext.plugin import patches
 
     patches.apply_rollout_patches()
     patches.when_imported(
@@ -69,7 +69,7 @@ def install() -> None:
         return
     from verl.plugin.platform import PlatformRegistry
 
-    from hybrid_engine.verl_plugin.platform import PlatformCPU
+    from recipes.verl_ext.plugin.platform import PlatformCPU
 
     if PlatformRegistry.get(PLATFORM_NAME) is not PlatformCPU:
         PlatformRegistry.register(platform=PLATFORM_NAME)(PlatformCPU)

@@ -3,7 +3,7 @@
 Nothing comes from a model or dataset hub: everything is built here, deterministically (fixed seeds), on first use,
 and cached under ``$PACK_DATA_DIR`` or else ``~/.cache/klppo-recipes``::
 
-    from hybrid_engine.assets import ensure_tiny_assets
+    from recipes.verl_ext.demo import ensure_tiny_assets
     assets = ensure_tiny_assets()          # builds once (seconds), then returns the cached paths
     assets.model_dir, assets.train_parquet, assets.reward_py, assets.reward_fn
 
@@ -14,7 +14,7 @@ and cached under ``$PACK_DATA_DIR`` or else ``~/.cache/klppo-recipes``::
   continuous-token builder requires; ``<|endoftext|>`` pads.
 - data: verl's RL parquet format (``data_source``, ``prompt`` as chat messages, ``ability``,
   ``reward_model.ground_truth``, ``extra_info``) for ``train`` and ``val``; the task is ``"a+b="``.
-- reward: :mod:`hybrid_engine.assets.reward` (``compute_score``), a shaped rule-based score (see its docstring).
+- reward: :mod:`recipes.verl_ext.demo.reward` (``compute_score``), a shaped rule-based score (see its docstring).
 
 Building is idempotent and safe when several processes build at once: each builds into its own temporary folder
 and renames it into place; the loser of the race discards its copy.
@@ -31,14 +31,15 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from hybrid_engine.assets import reward as _reward
+from hybrid_engine.model_spec import MODEL_CONFIG_DIR
+from recipes.verl_ext.demo import reward as _reward
 
 __all__ = ["ASSETS_VERSION", "TinyAssets", "default_root", "ensure_tiny_assets"]
 
 ASSETS_VERSION = 1
 """Bump when the recipe below changes in a way the build key does not capture."""
 
-_TINY_CONFIG = Path(__file__).resolve().parent.parent / "model_configs" / "tiny" / "config.json"
+_TINY_CONFIG = MODEL_CONFIG_DIR / "tiny" / "config.json"
 _SPECIAL_TOKENS = ["<|endoftext|>", "<|im_end|>", "<|im_start|>"]  # ids 0, 1, 2: pad/bos, eos, turn start
 _CHAT_TEMPLATE = (
     "{% for message in messages %}"

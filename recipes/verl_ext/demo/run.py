@@ -20,7 +20,7 @@ import psutil
 
 __all__ = ["RunResult", "demo_overrides", "loud_plugin_env", "run_main_ppo"]
 
-PLUGIN_MODULE = "hybrid_engine.verl_plugin"
+PLUGIN_MODULE = "recipes.verl_ext.plugin"
 
 _SAMPLE_EVERY_S = 0.25
 
@@ -59,7 +59,7 @@ class RunResult:
 
 def demo_overrides(assets, *, algo: str = "grpo", world_size: int = 1, steps: int = 20, extra=()) -> list[str]:
     """The ``key=value`` overrides of a demo run: :data:`CPU_VERL_OVERRIDES` + the algorithm + world size + steps."""
-    from hybrid_engine.verl_plugin import cpu_overrides
+    from recipes.verl_ext.plugin import cpu_overrides
 
     algos = {"grpo": cpu_overrides.GRPO_DEMO, "kl_ppo": cpu_overrides.KL_PPO_DEMO}
     if algo not in algos:

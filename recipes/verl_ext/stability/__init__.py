@@ -20,23 +20,23 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from hybrid_engine.stability.entropy import entropy_warnings
+from recipes.verl_ext.stability.entropy import entropy_warnings
 
 __all__ = ["HOOKS_MODULE", "entropy_warnings", "supervise"]
 
-HOOKS_MODULE = "hybrid_engine.stability.verl_hooks"
+HOOKS_MODULE = "recipes.verl_ext.stability.verl_hooks"
 """Module to name in ``VERL_USE_EXTERNAL_MODULES`` so every Ray worker registers the trainer and the guard."""
 
 
 def supervise(cfg, run_dir: Path, runner: Callable, metrics_path: Path, out=print) -> None:
     """Run ``runner(cfg)`` (verl's run_ppo) under the bands monitor; with ``stability.mode=auto`` under the
     rollback supervisor (attempts in child processes; ``runner`` must be a module-level function)."""
-    from hybrid_engine.stability.bands import BandMonitor, bands_from_config
+    from recipes.verl_ext.stability.bands import BandMonitor, bands_from_config
 
     mode = str((cfg.get("stability") or {}).get("mode", "off"))
     with BandMonitor(metrics_path, bands_from_config(cfg), run_dir, out=out):
         if mode == "auto":
-            from hybrid_engine.stability.rollback import Supervisor
+            from recipes.verl_ext.stability.rollback import Supervisor
 
             Supervisor(cfg, run_dir, runner, out=out).run()
         else:

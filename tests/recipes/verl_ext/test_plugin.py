@@ -15,15 +15,15 @@ import pytest
 import torch
 import verl  # noqa: F401  (imports the plugin through the verl.plugins entry point)
 
-from hybrid_engine.verl_plugin import cpu_device, patches
-from hybrid_engine.verl_plugin.platform import PlatformCPU, accelerator_build, cpu_platform_wanted
+from recipes.verl_ext.plugin import cpu_device, patches
+from recipes.verl_ext.plugin.platform import PlatformCPU, accelerator_build, cpu_platform_wanted
 
 cpu_build_only = pytest.mark.skipif(accelerator_build() is not None, reason="torch has an accelerator build")
 
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    from hybrid_engine.assets import ensure_tiny_assets
+    from recipes.verl_ext.demo import ensure_tiny_assets
 
     return ensure_tiny_assets(tmp_path_factory.mktemp("assets"))
 
@@ -32,7 +32,7 @@ def compose_verl(assets, algo: str = "grpo", world_size: int = 1):
     """verl's own config tree with the pack's CPU overrides, as ``main_ppo`` would see it."""
     from hydra import compose, initialize_config_dir
 
-    from hybrid_engine.verl_plugin.demo_run import demo_overrides
+    from recipes.verl_ext.demo.run import demo_overrides
 
     config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
     with initialize_config_dir(config_dir=config_dir, version_base=None):
@@ -130,7 +130,7 @@ def test_another_verl_version_is_refused_with_both_versions_named(monkeypatch):
     for apply in (patches.apply_cpu_patches, patches.apply_rollout_patches):
         with pytest.raises(patches.UnsupportedVerlError, match=r"found verl==0\.8\.2"):
             apply()
-    from hybrid_engine import verl_plugin
+    from recipes.verl_ext import plugin as verl_plugin
 
     with pytest.raises(patches.UnsupportedVerlError, match=r"supports verl==0\.9\.1 only"):
         verl_plugin.install()
@@ -148,7 +148,7 @@ def test_cpu_patches_are_in_place():
     from verl.workers.rollout.base import get_rollout_class
     from verl.workers.rollout.replica import get_rollout_replica_class
 
-    from hybrid_engine.verl_plugin.hf_rollout import HFReplica, HFRolloutAdapter
+    from recipes.verl_ext.plugin.hf_rollout import HFReplica, HFRolloutAdapter
 
     assert EngineRegistry.get_engine_cls("language_model", "fsdp2") is transformer_impl.FSDPEngineWithLMHead
     assert EngineRegistry.get_engine_cls("value_model", "fsdp2") is transformer_impl.FSDPEngineWithValueHead
@@ -189,7 +189,7 @@ def test_when_imported_runs_after_the_first_import_and_at_once_later(tmp_path, m
 
 
 def test_hand_off_drains_every_rank_and_copies_on_the_sender():
-    from hybrid_engine.verl_plugin.hf_rollout import hand_off_weights
+    from recipes.verl_ext.plugin.hf_rollout import hand_off_weights
 
     live = {"a": torch.ones(2), "b": torch.zeros(3)}
     drained = []
@@ -208,7 +208,7 @@ def test_hand_off_drains_every_rank_and_copies_on_the_sender():
 
 @pytest.mark.parametrize(("value", "enabled"), [(None, True), ("1", True), ("0", False), ("false", False)])
 def test_weight_sync_switch(monkeypatch, value, enabled):
-    from hybrid_engine.verl_plugin.hf_rollout import SYNC_WEIGHTS_ENV, weight_sync_enabled
+    from recipes.verl_ext.plugin.hf_rollout import SYNC_WEIGHTS_ENV, weight_sync_enabled
 
     if value is None:
         monkeypatch.delenv(SYNC_WEIGHTS_ENV, raising=False)
@@ -238,7 +238,7 @@ class _FakeServer:
 
 
 def _adapter(compose_cfg, monkeypatch, *, rank: int, tp: int = 1, sync: bool = True):
-    from hybrid_engine.verl_plugin.hf_rollout import SYNC_WEIGHTS_ENV, HFRolloutAdapter
+    from recipes.verl_ext.plugin.hf_rollout import SYNC_WEIGHTS_ENV, HFRolloutAdapter
 
     monkeypatch.setenv("RANK", str(rank))
     monkeypatch.setenv(SYNC_WEIGHTS_ENV, "1" if sync else "0")
@@ -284,7 +284,7 @@ def test_adapter_with_sync_off_only_advances_the_step(composed, monkeypatch):
 
 @pytest.fixture(scope="module")
 def server(composed):
-    from hybrid_engine.verl_plugin.hf_rollout import HFServer
+    from recipes.verl_ext.plugin.hf_rollout import HFServer
 
     return HFServer(composed.actor_rollout_ref.rollout, composed.actor_rollout_ref.model, replica_rank=0)
 
@@ -387,7 +387,7 @@ def test_every_override_has_a_comment():
     """The lead turns the groups into Hydra options: each key carries its reason."""
     from pathlib import Path
 
-    from hybrid_engine.verl_plugin import cpu_overrides
+    from recipes.verl_ext.plugin import cpu_overrides
 
     source = Path(cpu_overrides.__file__).read_text().splitlines()
     for group_name, group in cpu_overrides.GROUPS.items():
@@ -402,7 +402,7 @@ def test_every_override_has_a_comment():
 @pytest.mark.slow
 def test_another_verl_fails_loudly_when_the_plugin_is_an_external_module():
     """With VERL_USE_EXTERNAL_MODULES (what demo_run sets), ``import verl`` itself raises the refusal."""
-    from hybrid_engine.verl_plugin.demo_run import loud_plugin_env
+    from recipes.verl_ext.demo.run import loud_plugin_env
 
     probe = textwrap.dedent(
         """

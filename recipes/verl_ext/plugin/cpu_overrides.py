@@ -2,7 +2,7 @@
 
 Every key is verl's own dotted key (verl 0.9.1, ``verl/trainer/config/ppo_trainer.yaml``); a leading ``+`` marks a
 key that verl's tree does not declare (Hydra must add it). Values holding ``{model_dir}``, ``{train_parquet}``,
-``{val_parquet}``, ``{reward_py}``, ``{reward_fn}`` are filled from :class:`hybrid_engine.assets.TinyAssets` by
+``{val_parquet}``, ``{reward_py}``, ``{reward_fn}`` are filled from :class:`recipes.verl_ext.demo.TinyAssets` by
 :func:`cli_overrides`. The groups say which conf group option each key belongs to (``parallel=cpu``,
 ``rollout=hf``, ``model=tiny``, ``data=tiny``); :data:`GRPO_DEMO`, :data:`KL_PPO_DEMO` and :func:`world_size`
 are the deltas of the demo runs.
@@ -71,12 +71,12 @@ PARALLEL_CPU: dict[str, Any] = {
     "data.dataloader_num_workers": 0,
     # The v1 replay buffer polls TransferQueue every 2 s (sized for GPU rollouts); a tiny rollout takes ~0.1 s.
     # verl's custom-sampler hook swaps in the same buffer with a 20 ms poll.
-    "trainer.v1.sampler.custom_sampler.path": "pkg://hybrid_engine.verl_plugin.replay_buffer",
+    "trainer.v1.sampler.custom_sampler.path": "pkg://recipes.verl_ext.plugin.replay_buffer",
     "trainer.v1.sampler.custom_sampler.name": "FastPollReplayBuffer",
 }
 
 ROLLOUT_HF: dict[str, Any] = {
-    # The plugin's HF-transformers rollout (hybrid_engine.verl_plugin.hf_rollout).
+    # The plugin's HF-transformers rollout (recipes.verl_ext.plugin.hf_rollout).
     "actor_rollout_ref.rollout.name": "hf",
     # Ranks per hf server (it does not shard; rank 0 of each replica feeds it). world_size(n) sets n: one server.
     "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
@@ -87,7 +87,7 @@ ROLLOUT_HF: dict[str, Any] = {
 }
 
 MODEL_TINY: dict[str, Any] = {
-    # The random Qwen2-family model and its tokenizer, built locally by hybrid_engine.assets.
+    # The random Qwen2-family model and its tokenizer, built locally by recipes.verl_ext.demo.
     "actor_rollout_ref.model.path": "{model_dir}",
     "critic.model.path": "{model_dir}",
     # A tiny random model learns at rates that would wreck a pretrained one: over 20 GRPO steps the mean reward goes
@@ -188,7 +188,7 @@ def _format(value: Any) -> str:
 def cli_overrides(assets, *deltas: dict[str, Any]) -> list[str]:
     """``key=value`` arguments for ``python -m verl.trainer.main_ppo``: CPU_VERL_OVERRIDES, then each delta in turn.
 
-    ``assets`` is a :class:`hybrid_engine.assets.TinyAssets`; its paths fill the ``{...}`` placeholders.
+    ``assets`` is a :class:`recipes.verl_ext.demo.TinyAssets`; its paths fill the ``{...}`` placeholders.
     """
     fields = {
         "model_dir": assets.model_dir,

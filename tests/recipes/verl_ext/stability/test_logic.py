@@ -7,11 +7,11 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from hybrid_engine.stability.bands import BandTally, bands_from_config, evaluate
-from hybrid_engine.stability.entropy import entropy_warnings
-from hybrid_engine.stability.guard import KLGuard, scalar
-from hybrid_engine.stability.kl_control import KLControl, KLSettings, proportional_update, ramp_target
-from hybrid_engine.stability.rollback import classify, degrade
+from recipes.verl_ext.stability.bands import BandTally, bands_from_config, evaluate
+from recipes.verl_ext.stability.entropy import entropy_warnings
+from recipes.verl_ext.stability.guard import KLGuard, scalar
+from recipes.verl_ext.stability.kl_control import KLControl, KLSettings, proportional_update, ramp_target
+from recipes.verl_ext.stability.rollback import classify, degrade
 
 
 def _cfg(*overrides):

@@ -35,7 +35,7 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
-from hybrid_engine.verl_plugin.weight_sync import enable_sharded_export, open_weight_stream
+from recipes.verl_ext.plugin.weight_sync import enable_sharded_export, open_weight_stream
 
 __all__ = [
     "ROLLOUT_NAME",

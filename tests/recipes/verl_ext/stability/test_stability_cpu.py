@@ -24,7 +24,7 @@ import pytest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 @dataclass
@@ -91,7 +91,7 @@ def test_weights_stay_finite_after_the_guard(guard_run):
 
 
 def test_adaptive_coefficient_follows_the_rule(guard_run):
-    from hybrid_engine.stability.kl_control import proportional_update
+    from recipes.verl_ext.stability.kl_control import proportional_update
 
     first, second = guard_run.at(1), guard_run.at(2)
     assert first["kl_control/loss_coef"] == 0.001 and first["kl_control/target"] == 0.1
@@ -104,8 +104,8 @@ def test_adaptive_coefficient_follows_the_rule(guard_run):
 
 
 def test_bands_summary_matches_metrics(guard_run):
-    from hybrid_engine.stability.bands import BandTally, bands_from_config
     from recipes.compose import compose_recipe
+    from recipes.verl_ext.stability.bands import BandTally, bands_from_config
 
     summary = json.loads((guard_run.run_dir / "bands.json").read_text())["summary"]
     tally = BandTally(bands_from_config(compose_recipe("grpo", ["model=tiny", "task=tiny"])))

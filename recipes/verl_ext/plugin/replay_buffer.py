@@ -4,7 +4,7 @@ The v1 trainer's ``ReplayBuffer.sample`` polls TransferQueue for finished rollou
 GPU rollouts that take tens of seconds). A tiny CPU rollout finishes in ~0.1 s, so each step would wait ~2 s for
 nothing. Select this class with::
 
-    trainer.v1.sampler.custom_sampler.path=pkg://hybrid_engine.verl_plugin.replay_buffer
+    trainer.v1.sampler.custom_sampler.path=pkg://recipes.verl_ext.plugin.replay_buffer
     trainer.v1.sampler.custom_sampler.name=FastPollReplayBuffer
     +trainer.v1.sampler.sampler_kwargs.poll_interval=0.02   # optional, seconds
 """

@@ -22,9 +22,9 @@ import os
 
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-from hybrid_engine.stability.bands import Band, bands_from_config, evaluate
-from hybrid_engine.stability.guard import GUARD_KEY, KL_COEF_KEY, METRICS
-from hybrid_engine.stability.kl_control import KLControl, KLSettings
+from recipes.verl_ext.stability.bands import Band, bands_from_config, evaluate
+from recipes.verl_ext.stability.guard import GUARD_KEY, KL_COEF_KEY, METRICS
+from recipes.verl_ext.stability.kl_control import KLControl, KLSettings
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class StabilityTrainer(PPOTrainerSync):
                 metrics[key] = value
         if max_kl is not None and "guard/updates" not in metrics:
             raise RuntimeError(
-                "stability: the KL guard did not report from the actor's update: hybrid_engine.stability.verl_hooks "
+                "stability: the KL guard did not report from the actor's update: recipes.verl_ext.stability.verl_hooks "
                 "is not loaded in the Ray workers (VERL_USE_EXTERNAL_MODULES)"
             )
         return batch

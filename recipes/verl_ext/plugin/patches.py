@@ -1,7 +1,7 @@
 """Every change this pack makes inside verl, in one place, pinned to one verl version.
 
 verl 0.9.1 has registries for platforms and rollout replicas, which the plugin uses through their public API
-(``hybrid_engine.verl_plugin.__init__``). What has no public hook is patched here, and only here:
+(``recipes.verl_ext.plugin.__init__``). What has no public hook is patched here, and only here:
 
 ==========================================  ===================================================================
 what                                        why
@@ -53,7 +53,7 @@ logger = logging.getLogger(__name__)
 SUPPORTED_VERL = "0.9.1"
 """The one verl version whose internals these patches were written against."""
 
-_ROLLOUT_ADAPTER = "hybrid_engine.verl_plugin.hf_rollout.HFRolloutAdapter"
+_ROLLOUT_ADAPTER = "recipes.verl_ext.plugin.hf_rollout.HFRolloutAdapter"
 
 
 class UnsupportedVerlError(RuntimeError):
@@ -78,9 +78,9 @@ def require_supported_verl(found: str | None = None) -> str:
     found = installed_verl_version() if found is None else found
     if found != SUPPORTED_VERL:
         raise UnsupportedVerlError(
-            f"hybrid_engine.verl_plugin patches verl internals and supports verl=={SUPPORTED_VERL} only, "
+            f"recipes.verl_ext.plugin patches verl internals and supports verl=={SUPPORTED_VERL} only, "
             f"found verl=={found}. Install the pinned version (pip install verl=={SUPPORTED_VERL}) or port "
-            f"hybrid_engine/verl_plugin/patches.py to verl {found}."
+            f"recipes/verl_ext/plugin/patches.py to verl {found}."
         )
     return found
 
@@ -214,7 +214,7 @@ def _sharded_weight_export(transformer_impl) -> None:
 
     @functools.wraps(original)
     def get_per_tensor_param(self, *args, **kwargs):
-        from hybrid_engine.verl_plugin.weight_sync import export_sharded
+        from recipes.verl_ext.plugin.weight_sync import export_sharded
 
         per_tensor_param, peft_config = original(self, *args, **kwargs)
         if peft_config is not None:
