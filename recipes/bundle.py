@@ -16,10 +16,8 @@ from __future__ import annotations
 import json
 import os
 import platform
-import re
 import shlex
 import socket
-import subprocess
 import sys
 from collections.abc import Mapping
 from datetime import datetime, timezone
@@ -28,60 +26,14 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from recipes.confdir import entry_command
+from recipes.gitstate import git_state
+from recipes.nccl_env import worker_env, write_record
+from recipes.redact import redact_arg, redact_config, redact_env
+
 BUNDLE_DIR = "repro"
-REDACTED = "***"
-# a name is secret when one of its words contains one of these (WANDB_API_KEY, HF_TOKEN, AWS_SECRET_ACCESS_KEY, ...)
-_SECRET_PARTS = ("KEY", "TOKEN", "SECRET", "PASSW", "CREDENTIAL", "PRIVATE", "COOKIE", "SIGNATURE")
-# ... or is one of these words (SSH_AUTH_SOCK, BASIC_AUTH, NPM_PASS); AUTHOR and PWD stay visible
-_SECRET_WORDS = {"AUTH", "OAUTH", "PASS", "PAT", "SAS", "JWT", "BEARER"}
-# values that are tokens whatever their name (Hugging Face, GitHub, OpenAI-style, Slack, AWS access key, GitLab)
-_TOKEN_VALUE = re.compile(
-    r"\b(hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|sk-[A-Za-z0-9_-]{20,}|"
-    r"xox[abprs]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16}|glpat-[A-Za-z0-9_-]{20,})"
-)
-_URL_PASSWORD = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^/\s:@]+):(?P<password>[^/\s@]+)@")
 PACKAGES = ("klppo-recipes", "verl", "torch", "ray", "hydra-core", "omegaconf", "transformers", "vllm", "sglang",
             "megatron-core", "flash-attn", "TransferQueue", "accelerate", "numpy")
-
-
-def is_secret_name(name: str) -> bool:
-    """True for WANDB_API_KEY, HF_TOKEN, GITHUB_TOKEN, AWS_SECRET_ACCESS_KEY, DB_PASSWORD, apiKey, logger.wandb.key."""
-    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", str(name))
-    words = [w for w in re.split(r"[^A-Za-z0-9]+", spaced.upper()) if w]
-    return any(part in word for word in words for part in _SECRET_PARTS) or any(w in _SECRET_WORDS for w in words)
-
-
-def redact_value(value: str) -> str:
-    """A value with token-shaped substrings and URL passwords replaced."""
-    text = _URL_PASSWORD.sub(lambda m: f"{m.group('scheme')}{m.group('user')}:{REDACTED}@", str(value))
-    return _TOKEN_VALUE.sub(REDACTED, text)
-
-
-def redact_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The environment with every secret-looking name's value, and token-shaped values, replaced by ***."""
-    return {k: (REDACTED if is_secret_name(k) and v != "" else redact_value(v)) for k, v in sorted(environ.items())}
-
-
-def redact_config(node):
-    """A plain container with secret-looking keys' scalar values and token-shaped strings replaced."""
-    if isinstance(node, dict):
-        return {k: (REDACTED if is_secret_name(str(k)) and v not in (None, "") and not isinstance(v, (dict, list, bool))
-                    else redact_config(v)) for k, v in node.items()}
-    if isinstance(node, list):
-        return [redact_config(v) for v in node]
-    if isinstance(node, str):
-        return redact_value(node)
-    return node
-
-
-def redact_arg(arg: str) -> str:
-    """A command-line argument with a secret value hidden: ``+logger.wandb.api_key=abc`` -> ``...api_key=***``."""
-    if "=" in arg and not arg.startswith("-"):
-        key, value = arg.split("=", 1)
-        leaf = key.lstrip("+~").rsplit(".", 1)[-1].rsplit("/", 1)[-1]
-        if is_secret_name(leaf) and value:
-            return f"{key}={REDACTED}"
-    return redact_value(arg)
 
 
 def versions() -> dict:
@@ -108,33 +60,6 @@ def versions() -> dict:
     return out
 
 
-def _git(folder: Path, *args: str) -> str | None:
-    try:
-        proc = subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return proc.stdout.rstrip() if proc.returncode == 0 else None
-
-
-def git_state(folder: str | os.PathLike) -> dict | None:
-    """SHA, branch, dirty flag (tracked files changed) and changed paths of the repository holding ``folder``."""
-    folder = Path(folder)
-    top = _git(folder, "rev-parse", "--show-toplevel")
-    if not top:
-        return None
-    status = _git(folder, "status", "--porcelain", "--untracked-files=no") or ""
-    changed = [line[3:] for line in status.splitlines() if line.strip()]
-    remote = _git(folder, "config", "--get", "remote.origin.url")
-    return {
-        "root": top,
-        "sha": _git(folder, "rev-parse", "HEAD"),
-        "branch": _git(folder, "rev-parse", "--abbrev-ref", "HEAD"),
-        "dirty": bool(changed),
-        "changed": changed[:200],
-        "remote": redact_value(remote) if remote else None,
-    }
-
-
 def _hydra_overrides() -> list[str] | None:
     try:
         from hydra.core.hydra_config import HydraConfig
@@ -148,8 +73,6 @@ def _hydra_overrides() -> list[str] | None:
 
 def command_line(recipe: str | None, overrides: list[str] | None = None) -> list[str]:
     """The argv that makes this run again: the recipe's entry point and this job's overrides (secrets hidden)."""
-    from recipes.copy import entry_command
-
     if overrides is None:
         overrides = _hydra_overrides()
     if overrides is None:
@@ -185,8 +108,6 @@ def collect(cfg: DictConfig, recipe: str | None = None, overrides: list[str] | N
 def write_bundle(run_dir: str | os.PathLike, cfg: DictConfig, recipe: str | None = None,
                  overrides: list[str] | None = None) -> Path:
     """Write ``run_dir/repro/{bundle.json,config.yaml,rerun.sh}`` and ``run_dir/nccl_env.json``; the bundle folder."""
-    from recipes.nccl_env import worker_env, write_record
-
     folder = Path(run_dir) / BUNDLE_DIR
     folder.mkdir(parents=True, exist_ok=True)
     data = collect(cfg, recipe, overrides)

@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from recipes.confdir import conf_dir, group_options, pack_groups
 from recipes.errors import ConfigError
+from recipes.overrides import override_key
 from recipes.resolvers import register_resolvers
 
 RECIPES = ("grpo", "kl_ppo")
@@ -64,7 +65,7 @@ def _suggest(key: str, overrides: list[str], recipe: str) -> str:
     """' (did you mean a.b.c?)' from the keys beside the misspelt one in the composed config, when one is close."""
     parent, _, leaf = key.rpartition(".")
     try:
-        remaining = [o for o in overrides if not o.split("=", 1)[0].lstrip("+~") == key]
+        remaining = [o for o in overrides if override_key(o) != key]
         recipe_cfg = _compose_quietly(recipe, remaining)
     except Exception:  # noqa: BLE001 - a suggestion is optional
         return ""

@@ -24,6 +24,19 @@ def conf_dir() -> Path:
     raise FileNotFoundError(f"the pack's conf/ tree is missing: looked in {here.parent / 'conf'} and {here / 'conf'}")
 
 
+def entry_command(recipe: str, python: str = "python") -> list[str]:
+    """How to start `recipe` here: ``python -m recipes.<recipe>``, or a copy's own entry point when one is in use."""
+    if os.environ.get(CONF_DIR_ENV):
+        script = conf_dir().parent / f"{recipe}.py"
+        if script.is_file():
+            try:
+                shown = script.relative_to(Path.cwd())
+            except ValueError:
+                shown = script
+            return [python, str(shown)]
+    return [python, "-m", f"recipes.{recipe}"]
+
+
 def group_options(group: str) -> list[str]:
     """The options of a config group of the pack, e.g. group_options('parallel') -> ['cpu', 'tp1', ...]."""
     folder = conf_dir() / group

@@ -20,7 +20,10 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from recipes.confdir import CONF_DIR_ENV, conf_dir
+from recipes.compose import RECIPES
+from recipes.confdir import CONF_DIR_ENV, conf_dir, group_options, pack_groups
+from recipes.defaults import EMBEDDED_DEFAULTS
+from recipes.gitstate import git_state
 
 MARKER = ".klppo-copy.json"
 # groups whose options refer to other groups' options (override /parallel: ...): copied whole or not at all
@@ -45,21 +48,6 @@ from recipes.launch import run_recipe  # noqa: E402
 if __name__ == "__main__":
     run_recipe("{recipe}")
 '''
-
-
-def entry_command(recipe: str, python: str = "python") -> list[str]:
-    """How to start `recipe` here: ``python -m recipes.<recipe>``, or a copy's own entry point when one is in use."""
-    import os
-
-    if os.environ.get(CONF_DIR_ENV):
-        script = conf_dir().parent / f"{recipe}.py"
-        if script.is_file():
-            try:
-                shown = script.relative_to(Path.cwd())
-            except ValueError:
-                shown = script
-            return [python, str(shown)]
-    return [python, "-m", f"recipes.{recipe}"]
 
 
 def _defaults(primary: Path) -> dict[str, str | None]:
@@ -89,8 +77,6 @@ def _source_origin() -> tuple[str, str | None]:
         version = metadata.version("klppo-recipes")
     except metadata.PackageNotFoundError:
         version = "unknown"
-    from recipes.bundle import git_state
-
     state = git_state(Path(__file__).resolve().parent)
     return version, (state or {}).get("sha")
 
@@ -98,10 +84,6 @@ def _source_origin() -> tuple[str, str | None]:
 def copy_recipe(recipe: str, dest: str | Path, *, only_used: bool = False, choices: dict[str, str] | None = None,
                 force: bool = False) -> Path:
     """Write the self-contained copy of `recipe` into `dest`; return the entry point's path."""
-    from recipes.compose import RECIPES
-    from recipes.confdir import group_options, pack_groups
-    from recipes.launch import EMBEDDED_DEFAULTS
-
     if recipe not in RECIPES:
         raise ValueError(f"recipe: unknown recipe {recipe!r}; choose from {', '.join(RECIPES)}")
     source = conf_dir()

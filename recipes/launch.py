@@ -8,7 +8,6 @@ to `@hydra.main` (so `-m` multirun, `--cfg job` and tab completion behave as in 
 from __future__ import annotations
 
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -16,42 +15,13 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from recipes.confdir import conf_dir
+from recipes.defaults import embedded_defaults, has_accelerator
 from recipes.errors import ConfigError, exit_with
+from recipes.overrides import has_hydra_flags
+from recipes.redact import redact_config
 from recipes.resolvers import register_resolvers
 
 ACTIONS = ("validate", "plan", "train")
-
-# Groups that make the embedded CPU default; each is added only when the user did not choose it.
-EMBEDDED_DEFAULTS = {"parallel": "cpu", "cluster": "cpu", "rollout": "hf", "model": "tiny", "task": "tiny"}
-# Choosing any of these means "I describe a GPU cluster": then nothing is added.
-_GPU_INTENT = ("parallel", "cluster", "experiment")
-
-_SECRET = re.compile(r"(key|token|secret|password|passwd|credential)", re.IGNORECASE)
-
-
-def _override_key(arg: str) -> str | None:
-    if arg.startswith("-") or "=" not in arg:
-        return None
-    return arg.split("=", 1)[0].lstrip("+~")
-
-
-def has_accelerator() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def embedded_defaults(argv: list[str], accelerator: bool) -> list[str]:
-    """The overrides to add for the embedded CPU default: none on a GPU machine or when a layout was chosen."""
-    chosen = {_override_key(a) for a in argv} - {None}
-    # launcher=ray: the run goes to an existing cluster, whose hardware is not this machine's (recipes/ray_jobs.py)
-    if accelerator or chosen & set(_GPU_INTENT) or "launcher=ray" in argv:
-        return []
-    return [f"{group}={option}" for group, option in EMBEDDED_DEFAULTS.items() if group not in chosen]
-
-
-def _hydra_flags(argv: list[str]) -> bool:
-    return any(a.startswith("-") for a in argv)
 
 
 def run_recipe(recipe: str, argv: list[str] | None = None) -> None:
@@ -62,7 +32,7 @@ def run_recipe(recipe: str, argv: list[str] | None = None) -> None:
     if added:
         print(f"no GPU found: embedded CPU defaults {' '.join(added)} (choose parallel=/cluster= to plan for GPUs)")
     argv = argv + added
-    if not _hydra_flags(argv):
+    if not has_hydra_flags(argv):
         # compose and validate once before Hydra makes a run folder: a bad input leaves nothing behind
         from recipes.compose import compose_recipe
         from recipes.validate import validate
@@ -151,17 +121,7 @@ def describe(checked) -> str:
     )
 
 
-def redact(node):
-    """A copy of a plain container with the values of secret-looking keys replaced."""
-    if isinstance(node, dict):
-        return {k: ("***" if _SECRET.search(str(k)) and v not in (None, "") and not isinstance(v, (dict, list, bool))
-                    else redact(v)) for k, v in node.items()}
-    if isinstance(node, list):
-        return [redact(v) for v in node]
-    return node
-
-
 def save_config(cfg: DictConfig, path: Path) -> None:
-    container = redact(OmegaConf.to_container(cfg, resolve=True))
+    container = redact_config(OmegaConf.to_container(cfg, resolve=True))
     path.write_text(OmegaConf.to_yaml(OmegaConf.create(container)))
     os.chmod(path, 0o644)

@@ -28,6 +28,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from recipes.redact import redact_env
+
 VERL_VERSION = "0.9.1"  # the run_ppo logic mirrored here (ray init, determinism, transfer queue) is verl 0.9.1's
 ENV_KEY = "ray_kwargs.ray_init.runtime_env.env_vars"
 JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray in a Ray Job's driver
@@ -271,8 +273,6 @@ def worker_env(cfg: DictConfig, environ: Mapping[str, str] | None = None, *,
 
 def write_record(run_dir: str | os.PathLike, record: WorkerEnv) -> Path:
     """Write the values in effect to ``run_dir/nccl_env.json`` (secret-looking values redacted)."""
-    from recipes.bundle import redact_env
-
     path = Path(run_dir) / RECORD_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     data = asdict(record)

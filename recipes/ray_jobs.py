@@ -31,7 +31,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from recipes.confdir import entry_command
+from recipes.defaults import GPU_INTENT
 from recipes.errors import ConfigError
+from recipes.overrides import chosen_keys, override_key
+from recipes.redact import redact_env
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 JOB_LOG = "job.log"
@@ -134,7 +138,7 @@ def cluster_resources(client, wait_s: float = 60.0) -> tuple[dict[str, float], d
 
 
 def _is_launch_override(arg: str) -> bool:
-    key = arg.lstrip("+~").split("=", 1)[0]
+    key = override_key(arg) or ""
     return any(key == k or key.startswith(k + ".") for k in _LAUNCH_KEYS) or key.startswith("hydra.launcher")
 
 
@@ -144,11 +148,9 @@ def job_overrides(overrides: Sequence[str], run_dir: str | os.PathLike, cluster_
     ``cluster_choice`` (the cluster/ option the driver composed) is pinned when the run does not choose a layout, so
     the job composes what the driver validated even on a node whose GPUs differ from the driver's.
     """
-    from recipes.launch import _GPU_INTENT
-
     out = [a for a in overrides if not _is_launch_override(a) and not a.startswith("hydra.run.dir=")]
-    chosen = {a.lstrip("+~").split("=", 1)[0] for a in out if "=" in a}
-    if cluster_choice and not chosen & set(_GPU_INTENT):
+    chosen = chosen_keys(out)
+    if cluster_choice and not chosen & set(GPU_INTENT):
         out.append(f"cluster={cluster_choice}")
     out.append("launcher=local")
     out.append(f"hydra.run.dir={_hydra_quote(str(job_run_dir(run_dir)))}")
@@ -176,8 +178,6 @@ def _hydra_quote(value: str) -> str:
 
 def entrypoint(recipe: str, overrides: Sequence[str], launcher: DictConfig, launch_dir: Path) -> str:
     """The shell command the Ray Job runs (from the launch folder itself when the cluster shares it)."""
-    from recipes.copy import entry_command
-
     entry = entry_command(recipe, python=str(OmegaConf.select(launcher, "python", default="python") or "python"))
     command = shlex.join([*entry, *overrides])
     if not OmegaConf.select(launcher, "upload", default=True):
@@ -330,8 +330,6 @@ def submit_run(cfg: DictConfig, recipe: str, overrides: Sequence[str], run_dir: 
 
 
 def _redacted_env(runtime_env: dict) -> dict:
-    from recipes.bundle import redact_env
-
     out = dict(runtime_env)
     out["env_vars"] = redact_env(runtime_env.get("env_vars", {}))
     return out

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from recipes.confdir import CONF_DIR_ENV, group_options, pack_groups
-from recipes.copy import copy_recipe, entry_command, main
+from recipes.confdir import CONF_DIR_ENV, entry_command, group_options, pack_groups
+from recipes.copy import copy_recipe, main
 
 ROOT = Path(__file__).resolve().parents[2]
 

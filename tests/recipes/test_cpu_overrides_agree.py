@@ -9,7 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from recipes.compose import compose_recipe
-from recipes.launch import embedded_defaults
+from recipes.defaults import embedded_defaults
 from recipes.verl_ext.plugin.cpu_overrides import (
     DATA_TINY,
     MODEL_TINY,

@@ -8,8 +8,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from recipes.compose import compose_recipe
+from recipes.defaults import embedded_defaults
 from recipes.errors import ConfigError
-from recipes.launch import embedded_defaults
 from recipes.nccl_env import (
     adapt_ray_init,
     ray_init_runtime_env,

@@ -15,8 +15,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from recipes.compose import compose_recipe
+from recipes.defaults import embedded_defaults
 from recipes.errors import ConfigError
-from recipes.launch import embedded_defaults
 from recipes.ray_jobs import (
     JobSpec,
     connect,

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from recipes.verl_ext.plugin import cpu_device
+import recipes.verl_ext.plugin.cpu_device as cpu_device
 
 __all__ = ["PLATFORM_NAME", "PlatformCPU", "accelerator_build", "cpu_platform_wanted"]
 
