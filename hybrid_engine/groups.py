@@ -16,7 +16,7 @@ stages pi*k_p .. pi*k_p+k_p-1 and training TP slices tau*k_t .. tau*k_t+k_t-1 co
 FSDP training (tp = pp = 1, strategy fsdp/fsdp2) shards every tensor's dim 0 over all N ranks. It is mapped as
 t = N: k_t = N/t_g consecutive ranks form a micro-DP group (their shards' union is one generation TP slice of a
 column-parallel tensor) and generation TP rank tau = rank // k_t. Row-parallel tensors need an all-to-all instead
-(see plan.py for the bytes).
+(see plan/bytes.py for the bytes).
 
 Experts: micro-DP members share their data index, hence their expert-parallel rank. When infer.ep < train.ep a
 second all-gather over ``expert_gather_group`` (same t_i, p_i and expert-data rank, ep ranks e with the same

@@ -20,11 +20,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hybrid_engine import plan_bytes  # noqa: E402
 from hybrid_engine.layout import InferLayout, TrainLayout  # noqa: E402
 from hybrid_engine.model_spec import load_arch  # noqa: E402
 from hybrid_engine.plan import ClusterSpec, PlanSettings, build_plan  # noqa: E402
-from hybrid_engine.plan_bytes import fraction_text  # noqa: E402
+from hybrid_engine.plan import bytes as plan_bytes  # noqa: E402
+from hybrid_engine.plan.bytes import fraction_text  # noqa: E402
 
 CASES = [
     (

@@ -4,7 +4,7 @@ A scheme is a list of *steps* (the planner's phases). In a step every rank *hold
 *targets* one box (or nothing). For one group of ranks and one bucket of tensors the plan cuts each tensor into
 *cells* along every box edge of every member; a cell that some member targets and does not hold moves once from an
 *owner* (a member holding it) to exactly those *receivers*. So every byte a rank receives is a byte it needs and lacks,
-received once: the planner's count (``hybrid_engine.plan_bytes``), by construction.
+received once: the planner's count (``hybrid_engine.plan.bytes``), by construction.
 
 Cells whose receivers are all the other members of a group of the owner's chain go into that group's **all-gather**
 (one per group and bucket; a single contributor makes it a broadcast). The rest (copies of replicated tensors or of
@@ -39,7 +39,7 @@ import torch
 
 from hybrid_engine.groups import HybridGroups
 from hybrid_engine.model_spec import ModelSpec, TensorSpec
-from hybrid_engine.plan_bytes import stage_placement
+from hybrid_engine.plan.bytes import stage_placement
 from hybrid_engine.reshard.shards import (
     Box,
     LocalShards,

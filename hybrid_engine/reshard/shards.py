@@ -7,7 +7,7 @@ tensors are where this matters: a rank's ``linear_qkv`` holds, query group after
 then the group's k and v head; its ``linear_fc1`` holds its gate rows then its up rows. Reading q/k/v or gate/up back
 out of those rows is the re-interleaving the 3D-HybridEngine needs when it concatenates fused shards on the TP dim.
 
-Splits follow the planner (``hybrid_engine.plan_bytes``): TP slices are ``units_range`` (balanced, kv heads
+Splits follow the planner (``hybrid_engine.plan.bytes``): TP slices are ``units_range`` (balanced, kv heads
 replicated when there are fewer than TP ranks), FSDP2 ``Shard(0)`` follows ``torch.chunk``, pipeline stages follow
 ``stage_placement`` (a tied lm_head is a copy of the embedding on the last stage when pp > 1, held under the
 embedding's name). These splits are a superset of Megatron-core's: Megatron needs heads and kv heads divisible by tp.
@@ -27,7 +27,7 @@ import torch
 
 from hybrid_engine.groups import HybridGroups
 from hybrid_engine.model_spec import ModelSpec, TensorSpec, units_range
-from hybrid_engine.plan_bytes import stage_placement
+from hybrid_engine.plan.bytes import stage_placement
 
 __all__ = [
     "Box",

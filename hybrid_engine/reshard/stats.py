@@ -15,8 +15,8 @@ import torch
 
 from hybrid_engine.groups import HybridGroups
 from hybrid_engine.model_spec import ModelSpec
-from hybrid_engine.plan_bytes import compute_bytes, received_by_tensor
-from hybrid_engine.plan_settings import ClusterSpec
+from hybrid_engine.plan.bytes import compute_bytes, received_by_tensor
+from hybrid_engine.plan.settings import ClusterSpec
 
 __all__ = ["MemoryTracker", "PhaseStats", "PlannedBytes", "ReshardStats", "planned_bytes"]
 
@@ -181,7 +181,7 @@ def planned_bytes(
     dtype_size: int,
     feeders: tuple[int, ...] | None = None,
 ) -> PlannedBytes:
-    """What ``hybrid_engine.plan_bytes`` says ``rank`` receives under ``scheme``. ``gather_to_feeders`` (not a planner
+    """What ``hybrid_engine.plan.bytes`` says ``rank`` receives under ``scheme``. ``gather_to_feeders`` (not a planner
     scheme) is full_gather's count on the feeder ranks and 0 elsewhere."""
     cluster = ClusterSpec(nnodes=1, gpus_per_node=groups.world_size)
     planner_scheme = "full_gather" if scheme == "gather_to_feeders" else scheme

@@ -19,7 +19,7 @@ attention, as transformers' flash_attention_2 does). So attention costs the same
 what padding costs the linear layers and the logits, and the micro-batch count.
 
 Per arm: tokens/s of each pass (real tokens, not padding), peak memory (``torch.cuda.max_memory_allocated``) and the
-planner's prediction for the same config (``recipes.plan.plan_settings`` -> ``hybrid_engine.memory``), plus the
+planner's prediction for the same config (``recipes.plan.plan_settings`` -> ``hybrid_engine.plan.memory``), plus the
 log-probs of both arms compared on the same weights.
 """
 
@@ -208,8 +208,8 @@ def planned(cfg) -> dict:
     only the actor)."""
     from hybrid_engine.groups import hybrid_groups
     from hybrid_engine.layout import InferLayout, TrainLayout
-    from hybrid_engine.memory import estimate_memory
     from hybrid_engine.model_spec import build_spec, load_arch
+    from hybrid_engine.plan.memory import estimate_memory
     from recipes.plan import cluster_spec, plan_settings
 
     with warnings.catch_warnings():

@@ -34,7 +34,7 @@ def handoff_rows(data: dict) -> list[dict]:
             "phase": "switch (shards + generation weights + executor buffers)",
             "planned_bytes": plan["peak_bytes_planned"],
             "measured_bytes": pack["peak_absolute_bytes"],
-            "planner": "plan_bytes peak_param_bytes + training shard bytes + executor's tracked buffers",
+            "planner": "plan.bytes peak_param_bytes + training shard bytes + executor's tracked buffers",
         }
     ]
     if pack.get("peak_extra_bytes"):
@@ -65,7 +65,7 @@ def dynamic_rows(data: dict) -> list[dict]:
                     "phase": phase,
                     "planned_bytes": row[planned_key],
                     "measured_bytes": row[measured_key],
-                    "planner": "hybrid_engine.memory.estimate_memory (no ref, no rollout engine)",
+                    "planner": "hybrid_engine.plan.memory.estimate_memory (no ref, no rollout engine)",
                 }
             )
     return rows

@@ -4,9 +4,9 @@ import pytest
 
 from hybrid_engine.groups import hybrid_groups
 from hybrid_engine.layout import FSDP_ORDER, InferLayout, TrainLayout
-from hybrid_engine.memory import estimate_memory, kv_bytes_per_token
 from hybrid_engine.model_spec import build_spec
-from hybrid_engine.plan_settings import GIB, ClusterSpec, PlanSettings
+from hybrid_engine.plan.memory import estimate_memory, kv_bytes_per_token
+from hybrid_engine.plan.settings import GIB, ClusterSpec, PlanSettings
 
 CLUSTER = ClusterSpec(nnodes=1, gpus_per_node=8, memory_gib=80)
 

@@ -43,7 +43,7 @@ import numpy as np
 
 from hybrid_engine.groups import HybridGroups
 from hybrid_engine.model_spec import ModelSpec, TensorSpec, units_range
-from hybrid_engine.plan_settings import ClusterSpec
+from hybrid_engine.plan.settings import ClusterSpec
 
 __all__ = [
     "SCHEMES",

@@ -38,8 +38,8 @@ import numpy as np
 
 from hybrid_engine.groups import HybridGroups
 from hybrid_engine.model_spec import ModelSpec
-from hybrid_engine.plan_bytes import expert_counts, fsdp_chunk, stage_bounds, stage_tables
-from hybrid_engine.plan_settings import GIB, ClusterSpec, PlanSettings, dtype_bytes
+from hybrid_engine.plan.bytes import expert_counts, fsdp_chunk, stage_bounds, stage_tables
+from hybrid_engine.plan.settings import GIB, ClusterSpec, PlanSettings, dtype_bytes
 
 __all__ = ["estimate_memory", "kv_bytes_per_token"]
 

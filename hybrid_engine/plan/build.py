@@ -32,7 +32,7 @@ JSON schema of ``Plan.to_dict()`` (bytes are integers, times seconds)::
       "warnings": [str], "errors": [str]
     }
 
-Byte counting is defined in plan_bytes.py; the memory model in memory.py.
+Byte counting is defined in plan/bytes.py; the memory model in plan/memory.py.
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ from dataclasses import dataclass, field
 
 from hybrid_engine.groups import HybridGroups, hybrid_groups
 from hybrid_engine.layout import InferLayout, LayoutError, TrainLayout, check_compatible
-from hybrid_engine.memory import estimate_memory
 from hybrid_engine.model_spec import ModelArch, ModelSpec, build_spec
-from hybrid_engine.plan_bytes import SCHEMES, SchemeBytes, compute_bytes, fraction_text
-from hybrid_engine.plan_settings import GIB, ClusterSpec, PlanSettings, dtype_bytes
+from hybrid_engine.plan.bytes import SCHEMES, SchemeBytes, compute_bytes, fraction_text
+from hybrid_engine.plan.memory import estimate_memory
+from hybrid_engine.plan.settings import GIB, ClusterSpec, PlanSettings, dtype_bytes
 
 __all__ = ["ClusterSpec", "Plan", "PlanSettings", "build_plan", "plan_from_names"]
 

@@ -10,8 +10,8 @@ import torch
 from hybrid_engine.groups import hybrid_groups
 from hybrid_engine.layout import InferLayout, TrainLayout
 from hybrid_engine.model_spec import ModelSpec, arch_from_config, build_spec
-from hybrid_engine.plan_bytes import compute_bytes, received_by_tensor, stage_placement
-from hybrid_engine.plan_settings import ClusterSpec
+from hybrid_engine.plan.bytes import compute_bytes, received_by_tensor, stage_placement
+from hybrid_engine.plan.settings import ClusterSpec
 from hybrid_engine.reshard import Scheme, fsdp_shards, make_buckets, megatron_shards, simulate, synthetic_source
 from hybrid_engine.reshard.harness import small_spec
 from hybrid_engine.reshard.shards import box_shape, full_box, narrow_box, synthetic_tensor

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from hybrid_engine.groups import hybrid_groups
 from hybrid_engine.layout import FSDP_ORDER, InferLayout, TrainLayout
 from hybrid_engine.model_spec import ModelSpec, arch_from_config, build_spec
-from hybrid_engine.plan_bytes import compute_bytes, fraction_text, fsdp_chunk, received_by_tensor, stage_bounds
-from hybrid_engine.plan_settings import ClusterSpec
+from hybrid_engine.plan.bytes import compute_bytes, fraction_text, fsdp_chunk, received_by_tensor, stage_bounds
+from hybrid_engine.plan.settings import ClusterSpec
 
 CLUSTER = ClusterSpec(nnodes=1, gpus_per_node=64)
 
