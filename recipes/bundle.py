@@ -1,12 +1,12 @@
 """The reproducibility bundle every run folder gets, for every action: ``<run folder>/repro/``.
 
-- ``config.yaml``: the resolved config (secret-looking keys and values redacted);
+- ``../resolved_config.yaml`` (beside the folder): the config verl's trainer receives, secrets redacted;
 - ``rerun.sh``: the command line that makes this run again, from the folder it was launched in;
 - ``bundle.json``: command line, working folder, host, versions (pack, verl, torch, ray, hydra, transformers, and
   vllm / sglang / megatron-core when installed, CUDA and NCCL when CUDA is present), git SHA, branch and dirty flag
   of the launch folder's repository (and of the pack's checkout when that is another one), the environment with
-  secrets redacted (any name with key, token, secret, password, credential or auth in it: WANDB_API_KEY, HF_TOKEN,
-  *_TOKEN, ...; token-shaped values and passwords inside URLs too);
+  secrets redacted (the policy of recipes/redact.py: WANDB_API_KEY, HF_TOKEN, *_PASSWORD, key-shaped values and
+  passwords inside URLs);
 - ``../nccl_env.json``: the variables every Ray worker gets, where each comes from, and their conflicts
   (recipes.nccl_env).
 """
@@ -28,10 +28,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from recipes.confdir import entry_command
 from recipes.gitstate import git_state
-from recipes.nccl_env import worker_env, write_record
+from recipes.nccl_env import WorkerEnv, record_lines
+from recipes.nccl_env import write_record as write_nccl_record
 from recipes.redact import redact_arg, redact_config, redact_env
 
 BUNDLE_DIR = "repro"
+RESOLVED_CONFIG = "resolved_config.yaml"
 PACKAGES = ("klppo-recipes", "verl", "torch", "ray", "hydra-core", "omegaconf", "transformers", "vllm", "sglang",
             "megatron-core", "flash-attn", "TransferQueue", "accelerate", "numpy")
 
@@ -105,40 +107,32 @@ def collect(cfg: DictConfig, recipe: str | None = None, overrides: list[str] | N
     return data
 
 
-def write_bundle(run_dir: str | os.PathLike, cfg: DictConfig, recipe: str | None = None,
-                 overrides: list[str] | None = None) -> Path:
-    """Write ``run_dir/repro/{bundle.json,config.yaml,rerun.sh}`` and ``run_dir/nccl_env.json``; the bundle folder."""
-    folder = Path(run_dir) / BUNDLE_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    data = collect(cfg, recipe, overrides)
-    record = worker_env(cfg)
-    write_record(run_dir, record)
-    data["nccl_env"] = {"file": "../nccl_env.json", "conflicts": record.conflicts}
-    (folder / "bundle.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
+def save_config(cfg: DictConfig, path: Path) -> None:
+    """The config as YAML, resolved, without Hydra's own node, secrets redacted (recipes/redact.py)."""
     container = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     container = redact_config({k: v for k, v in container.items() if k != "hydra"})
-    (folder / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(container)))
+    path.write_text(OmegaConf.to_yaml(OmegaConf.create(container)))
+    os.chmod(path, 0o644)
+
+
+def write_record(run_dir: str | os.PathLike, cfg: DictConfig, workers: WorkerEnv, recipe: str | None = None,
+                 overrides: list[str] | None = None) -> list[str]:
+    """Write the run's record, once: ``resolved_config.yaml`` (the config verl receives), ``repro/bundle.json``,
+    ``repro/rerun.sh`` and ``nccl_env.json``. Returns the lines to show: NCCL conflicts, a dirty checkout."""
+    run_dir = Path(run_dir)
+    folder = run_dir / BUNDLE_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run_dir / RESOLVED_CONFIG)
+    nccl_path = write_nccl_record(run_dir, workers)
+    data = collect(cfg, recipe, overrides)
+    data["config"] = f"../{RESOLVED_CONFIG}"
+    data["nccl_env"] = {"file": f"../{nccl_path.name}", "conflicts": workers.conflicts}
+    (folder / "bundle.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
     rerun = folder / "rerun.sh"
     rerun.write_text("#!/usr/bin/env bash\n# the command that made this run, from the folder it was launched in\n"
                      f"cd {shlex.quote(data['cwd'])} && {shlex.join(data['command'])} \"$@\"\n")
     rerun.chmod(0o755)
-    return folder
-
-
-def write_for_job(cfg: DictConfig, run_dir: str | os.PathLike) -> list[str]:
-    """The launch flow's call, for every action: write the bundle of this Hydra job; its NCCL conflicts as warnings.
-
-    Never fails the run: a bundle that cannot be written is a warning.
-    """
-    from hydra.core.hydra_config import HydraConfig
-
-    recipe = HydraConfig.get().job.config_name if HydraConfig.initialized() else None
-    try:
-        folder = write_bundle(run_dir, cfg, recipe)
-        data = json.loads((folder / "bundle.json").read_text())
-    except Exception as error:  # noqa: BLE001 - the record must not stop the run
-        return [f"warning: reproducibility bundle not written: {' '.join(str(error).split())[:200]}"]
-    lines = [f"warning: nccl env: {line}" for line in data.get("nccl_env", {}).get("conflicts", [])]
+    lines = record_lines(workers, nccl_path)
     git = data.get("git") or {}
     if git.get("dirty"):
         lines.append(f"note: the launch folder's repository has uncommitted changes (git {str(git.get('sha'))[:12]}, "

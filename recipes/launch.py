@@ -1,8 +1,12 @@
-"""The launch flow shared by the recipes: compose -> validate -> (plan) -> train with verl's own trainer.
+"""The launch flow of ``python -m recipes.<name>``, each step once:
 
-`python -m recipes.<name> [overrides]` calls `run_recipe(name)`: on a machine without GPUs and without a layout
-choice it adds the embedded CPU defaults, composes once to turn Hydra's errors into one line each, then hands over
-to `@hydra.main` (so `-m` multirun, `--cfg job` and tab completion behave as in any Hydra app).
+    compose (Hydra, once) -> validate (a pure check: ValidatedRun) -> finalize (FinalRun: the config verl gets)
+    -> record (resolved_config.yaml, repro/, nccl_env.json) -> the action: validate | plan | train
+
+A single run composes with Hydra's own machinery, is validated before anything exists on disk (a bad input leaves
+no run folder), then runs as a Hydra job (``run_job``: run folder, ``.hydra/``, logging) exactly as ``@hydra.main``
+would run it. A command line with Hydra flags (``-m``, ``--cfg job``, ``--help``, ``-sc ...``) goes to
+``@hydra.main`` unchanged; each of its jobs goes through the same steps in :func:`execute`.
 """
 
 from __future__ import annotations
@@ -12,96 +16,163 @@ import sys
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from hydra import initialize_config_dir
+from hydra._internal.callbacks import Callbacks
+from hydra._internal.utils import run_and_report
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import run_job
+from hydra.errors import HydraException
+from hydra.types import HydraContext, RunMode
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from recipes.bundle import write_record
+from recipes.compose import explain_hydra_error
 from recipes.confdir import conf_dir
 from recipes.defaults import embedded_defaults, has_accelerator
 from recipes.errors import ConfigError, exit_with
+from recipes.finalize import finalize
 from recipes.overrides import has_hydra_flags
-from recipes.redact import redact_config
+from recipes.ray_jobs import preflight, submit_from_hydra
 from recipes.resolvers import register_resolvers
+from recipes.validate import ValidatedRun, check, validate
 
 ACTIONS = ("validate", "plan", "train")
 
 
 def run_recipe(recipe: str, argv: list[str] | None = None) -> None:
-    """Entry point of `python -m recipes.<recipe>`."""
+    """Entry point of ``python -m recipes.<recipe>``."""
     register_resolvers()
     argv = list(sys.argv[1:] if argv is None else argv)
     added = embedded_defaults(argv, has_accelerator())
-    if added:
-        print(f"no GPU found: embedded CPU defaults {' '.join(added)} (choose parallel=/cluster= to plan for GPUs)")
-    argv = argv + added
-    if not has_hydra_flags(argv):
-        # compose and validate once before Hydra makes a run folder: a bad input leaves nothing behind
-        from recipes.compose import compose_recipe
-        from recipes.validate import validate
-
-        try:
-            cfg = compose_recipe(recipe, [a for a in argv if not a.startswith("hydra.")])
-            if check_action(cfg) != "plan":
-                validate(cfg)
-            from recipes.ray_jobs import preflight
-
-            preflight(cfg)  # launcher=ray action=train: the cluster answers
-        except ConfigError as error:
-            exit_with(error)
-    sys.argv = [f"recipes.{recipe}"] + argv
-    main = hydra.main(config_path=str(conf_dir()), config_name=recipe, version_base=None)(execute)
-    main()
-
-
-def execute(cfg: DictConfig) -> None:
-    """One Hydra job: validate, then the chosen action. Config problems exit 2 with one line each."""
+    notice = f"no GPU found: embedded CPU defaults {' '.join(added)} (choose parallel=/cluster= to plan for GPUs)"
+    if has_hydra_flags(argv):
+        if added:
+            print(notice, file=sys.stderr)
+        sys.argv = [f"recipes.{recipe}"] + argv + added
+        hydra.main(config_path=str(conf_dir()), config_name=recipe, version_base=None)(execute)()
+        return
     try:
-        action = check_action(cfg)
-        if action == "plan":
-            # a plan is printed even for a layout that does not fit the model: it shows why (and exits 2)
-            from recipes.plan import run_plan
-            from recipes.validate import inspect
-
-            checked = inspect(cfg)
-            if checked.train is None or checked.infer is None or checked.arch is None:
-                raise ConfigError(checked.problems)
-            _write_bundle(cfg, Path(cfg.run.dir))
-            code = run_plan(checked)
-            if code:
-                sys.exit(code)
-            return
-        from recipes.validate import validate
-
-        checked = validate(cfg)
-        for warning in checked.warnings:
-            print(warning if warning.startswith("note:") else f"warning: {warning}")
-        run_dir = Path(checked.cfg.run.dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(checked.cfg, run_dir / "resolved_config.yaml")
-        _write_bundle(checked.cfg, run_dir)
-        if action == "validate":
-            print(f"config OK: {describe(checked)}")
-            print(f"resolved verl config written to {run_dir / 'resolved_config.yaml'}")
-            return
-        if OmegaConf.select(checked.cfg, "launcher.name") == "ray":
-            # a Ray Job on an existing cluster runs this same flow there (launcher=local); its exit code is ours
-            from recipes.ray_jobs import submit_from_hydra
-
-            code = submit_from_hydra(checked.cfg, run_dir)
-            if code:
-                sys.exit(code)
-            return
-        from recipes.train import run_training
-
-        run_training(checked)
+        run_single(recipe, argv + added, notice if added else None)
     except ConfigError as error:
         exit_with(error)
 
 
-def _write_bundle(cfg: DictConfig, run_dir: Path) -> None:
-    """The reproducibility bundle (repro/) and nccl_env.json in the run folder, for every action (recipes/bundle.py)."""
-    from recipes.bundle import write_for_job
+def run_single(recipe: str, argv: list[str], notice: str | None = None) -> None:
+    """One run, as Hydra's ``run`` does it, with validation between composing and the job: compose, pin the run
+    folder, check (ConfigError: nothing was created), then run the job. ``notice`` is shown once the config is
+    valid (a bad input gets its error line only)."""
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None, job_name=recipe):
+        app = GlobalHydra.instance().hydra
+        try:
+            cfg = app.compose_config(recipe, argv, run_mode=RunMode.RUN, with_log_configuration=True)
+        except HydraException as error:
+            failed = error
+        else:
+            failed = None
+            run_composed(app, recipe, cfg, notice)
+    if failed is not None:  # explained outside Hydra's context: the explanation composes again to suggest a key
+        raise ConfigError(explain_hydra_error(failed, argv, recipe))
 
-    for line in write_for_job(cfg, run_dir):
-        print(line)
+
+def run_composed(app, recipe: str, cfg: DictConfig, notice: str | None) -> None:
+    """Validate the composed config, then run it as a Hydra job (run folder, .hydra/, logging), as Hydra's ``run``."""
+    with read_write(cfg.hydra):
+        cfg.hydra.mode = RunMode.RUN
+    pin_run_dir(cfg)
+    run = checked_run(task_config(cfg))
+    if notice:
+        print(notice, file=sys.stderr)
+    callbacks = Callbacks(cfg)
+    callbacks.on_run_start(config=cfg, config_name=recipe)
+
+    def job() -> None:
+        ret = run_job(hydra_context=HydraContext(config_loader=app.config_loader, callbacks=callbacks),
+                      task_function=lambda _cfg: perform(run), config=cfg, job_dir_key="hydra.run.dir",
+                      job_subdir_key=None, configure_logging=True)
+        callbacks.on_run_end(config=cfg, config_name=recipe, job_return=ret)
+        _ = ret.return_value  # re-raises what the job raised
+
+    run_and_report(job)
+
+
+def pin_run_dir(cfg: DictConfig) -> None:
+    """Fix this run's folder now (``hydra.run.dir`` holds ``${now:...}``), so ``run.dir`` resolves to it during
+    validation and the job writes exactly there."""
+    run_dir = os.path.abspath(str(OmegaConf.select(cfg, "hydra.run.dir")))
+    with read_write(cfg.hydra), open_dict(cfg.hydra):
+        cfg.hydra.run.dir = run_dir
+        cfg.hydra.runtime.output_dir = run_dir
+    HydraConfig.instance().set_config(cfg)
+
+
+def task_config(cfg: DictConfig) -> DictConfig:
+    """The run's config without Hydra's own node, as a Hydra job's task function receives it."""
+    return OmegaConf.masked_copy(cfg, [key for key in cfg.keys() if key != "hydra"])
+
+
+def execute(cfg: DictConfig) -> None:
+    """One job under ``@hydra.main`` (each job of ``-m``): validate, then perform. Config problems exit 2."""
+    try:
+        perform(checked_run(cfg))
+    except ConfigError as error:
+        exit_with(error)
+
+
+def checked_run(cfg: DictConfig) -> ValidatedRun:
+    """Validate for the chosen action; ConfigError with every problem. A plan is made even for a layout that does
+    not fit the model (it shows why, and exits 2); every other action needs a valid config."""
+    action = check_action(cfg)
+    if action == "plan":
+        run = check(cfg)
+        if run.train is None or run.infer is None or run.arch is None:
+            raise ConfigError(list(run.problems))
+    else:
+        run = validate(cfg)
+    preflight(run.cfg)  # launcher=ray action=train: the cluster answers
+    return run
+
+
+def perform(run: ValidatedRun) -> None:
+    """Inside the Hydra job: finalize, write the record once, then the action."""
+    action = check_action(run.cfg)
+    run_dir = Path(str(run.cfg.run.dir))
+    final = finalize(run, run_dir)
+    for warning in run.warnings:
+        print(warning if warning.startswith("note:") else f"warning: {warning}", file=sys.stderr)
+    for note in final.notes:
+        print(note, file=sys.stderr)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for line in write_record(run_dir, final.cfg, final.workers, recipe_name(), hydra_overrides()):
+        print(line, file=sys.stderr)
+    if action == "plan":
+        from recipes.plan import run_plan  # lazy: matplotlib and the planner load only for a plan
+
+        code = run_plan(run)
+        if code:
+            sys.exit(code)
+        return
+    if action == "validate":
+        print(f"config OK: {describe(run)}")
+        print(f"resolved verl config written to {run_dir / 'resolved_config.yaml'}")
+        return
+    if OmegaConf.select(final.cfg, "launcher.name") == "ray":
+        # a Ray Job on an existing cluster runs this same flow there (launcher=local); its exit code is ours
+        code = submit_from_hydra(final.cfg, run_dir)
+        if code:
+            sys.exit(code)
+        return
+    from recipes.train import run_training  # lazy: imports verl's trainer and the pack's plugin
+
+    run_training(final)
+
+
+def recipe_name() -> str | None:
+    return HydraConfig.get().job.config_name if HydraConfig.initialized() else None
+
+
+def hydra_overrides() -> list[str] | None:
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None
 
 
 def check_action(cfg: DictConfig) -> str:
@@ -111,17 +182,11 @@ def check_action(cfg: DictConfig) -> str:
     return action
 
 
-def describe(checked) -> str:
-    t, i = checked.train, checked.infer
-    cfg = checked.cfg
+def describe(run: ValidatedRun) -> str:
+    t, i = run.train, run.infer
+    cfg = run.cfg
     return (
         f"{cfg.strategy.name} train dp{t.dp} tp{t.tp} pp{t.pp} cp{t.cp} ep{t.ep} -> {cfg.rollout.name} "
         f"infer tp{i.tp} pp{i.pp} x{i.dp} replicas on {cfg.cluster.nnodes}x{cfg.cluster.gpus_per_node} "
         f"{cfg.cluster.gpu.name}, model {cfg.model.name}"
     )
-
-
-def save_config(cfg: DictConfig, path: Path) -> None:
-    container = redact_config(OmegaConf.to_container(cfg, resolve=True))
-    path.write_text(OmegaConf.to_yaml(OmegaConf.create(container)))
-    os.chmod(path, 0o644)

@@ -8,6 +8,8 @@ repeats, and the verl key interpolates again.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 # verl key -> the pack key it repeats
@@ -62,27 +64,52 @@ def _is_interpolation(cfg: DictConfig, key: str) -> bool:
     return OmegaConf.is_interpolation(node, leaf)
 
 
-def adopt_direct_overrides(cfg: DictConfig) -> tuple[list[str], list[str]]:
-    """Move values written on verl's layout keys into the pack keys they repeat. Returns (notes, problems)."""
-    adopted: dict[str, tuple[str, object]] = {}
+@dataclass(frozen=True)
+class Adoption:
+    """A verl key typed with a value of its own, and the pack key it repeats, which takes that value."""
+
+    verl_key: str
+    pack_key: str
+    value: object
+    before: object
+    """the pack key's value before adoption"""
+
+    @property
+    def changed(self) -> bool:
+        return self.before != self.value
+
+    @property
+    def note(self) -> str:
+        return f"{self.verl_key}={self.value} sets {self.pack_key} (was {self.before})"
+
+
+def find_adoptions(cfg: DictConfig) -> tuple[list[Adoption], list[str]]:
+    """The verl keys written directly (not interpolating the pack key they repeat), and the problems: two verl keys
+    that repeat one pack key with different values. Reads ``cfg`` only."""
+    adopted: dict[str, Adoption] = {}
     problems: list[str] = []
     for verl_key, pack_key in REPEATED_KEYS.items():
         if not _exists(cfg, verl_key) or _is_interpolation(cfg, verl_key):
             continue
         value = OmegaConf.select(cfg, verl_key)
-        if pack_key in adopted and adopted[pack_key][1] != value:
-            first_key, first_value = adopted[pack_key]
-            problems.append(f"{verl_key}: {value} disagrees with {first_key}={first_value}; both repeat {pack_key}")
+        first = adopted.get(pack_key)
+        if first is not None and first.value != value:
+            problems.append(
+                f"{verl_key}: {value} disagrees with {first.verl_key}={first.value}; both repeat {pack_key}"
+            )
             continue
-        adopted.setdefault(pack_key, (verl_key, value))
-    notes = []
-    with open_dict(cfg):
-        for pack_key, (verl_key, value) in adopted.items():
+        if first is None:
             before = OmegaConf.select(cfg, pack_key, throw_on_resolution_failure=False)
-            OmegaConf.update(cfg, pack_key, value, merge=False)
-            if before != value:
-                notes.append(f"{verl_key}={value} sets {pack_key} (was {before})")
+            adopted[pack_key] = Adoption(verl_key, pack_key, value, before)
+    return list(adopted.values()), problems
+
+
+def adopt(cfg: DictConfig, adoptions: list[Adoption]) -> None:
+    """Write each adopted value into its pack key and point every verl key that repeats it back at the pack key."""
+    pack_keys = {a.pack_key for a in adoptions}
+    with open_dict(cfg):
+        for adoption in adoptions:
+            OmegaConf.update(cfg, adoption.pack_key, adoption.value, merge=False)
         for verl_key, pack_key in REPEATED_KEYS.items():
-            if pack_key in adopted and _exists(cfg, verl_key):
+            if pack_key in pack_keys and _exists(cfg, verl_key):
                 OmegaConf.update(cfg, verl_key, "${" + pack_key + "}", merge=False)
-    return notes, problems

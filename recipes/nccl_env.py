@@ -25,10 +25,14 @@ import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from unittest import mock
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
+from recipes.compose import compose_recipe
+from recipes.errors import ConfigError, exit_with
 from recipes.redact import redact_env
+from recipes.verl_ext import api as verl
 
 VERL_VERSION = "0.9.1"  # the run_ppo logic mirrored here (ray init, determinism, transfer queue) is verl 0.9.1's
 ENV_KEY = "ray_kwargs.ray_init.runtime_env.env_vars"
@@ -100,10 +104,6 @@ def verl_runtime_env(cfg: DictConfig, environ: Mapping[str, str] | None = None) 
     Calls verl's ``get_ppo_ray_runtime_env`` (which reads os.environ) with ``environ`` in place, and adds what run_ppo
     adds around it: the determinism variables and TRANSFER_QUEUE_ENABLE.
     """
-    from unittest import mock
-
-    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
-
     environ = dict(os.environ if environ is None else environ)
     rollout = OmegaConf.select(cfg, "actor_rollout_ref.rollout", default=None)
     if rollout is not None and OmegaConf.select(rollout, "full_determinism", default=False):
@@ -112,8 +112,7 @@ def verl_runtime_env(cfg: DictConfig, environ: Mapping[str, str] | None = None) 
     if "rl_insight" in ([loggers] if isinstance(loggers, str) else list(loggers)):
         environ["VERL_RL_INSIGHT_ENABLE"] = "1"
     with mock.patch.dict(os.environ, environ, clear=True):
-        runtime_env = get_ppo_ray_runtime_env(cfg)
-    runtime_env = dict(runtime_env)
+        runtime_env = verl.ppo_ray_runtime_env(cfg)
     runtime_env["env_vars"] = {str(k): str(v) for k, v in dict(runtime_env.get("env_vars") or {}).items()}
     if OmegaConf.select(cfg, "transfer_queue.enable", default=False):
         runtime_env["env_vars"]["TRANSFER_QUEUE_ENABLE"] = "1"
@@ -315,21 +314,17 @@ def probe(cfg: DictConfig, out: str | os.PathLike) -> dict:
     ray.init happens exactly as in training (verl's code, this run's ray_kwargs), so the file shows the values in
     effect in a worker. Inside a Ray Job it joins the job's cluster; else it starts Ray (pass ray_kwargs.ray_init.*).
     """
-    from verl.trainer.main_ppo import run_ppo
-
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     out = Path(out).resolve()
     with _open(cfg):
         cfg.probe_out = str(out)
     if _mode(os.environ) != "local":
         _drop_cluster_start_kwargs(cfg)
-    run_ppo(cfg, task_runner_class=_probe_runner_class())
+    verl.run_ppo(cfg, task_runner_class=_probe_runner_class())
     return json.loads(out.read_text())
 
 
 def _open(cfg):
-    from omegaconf import open_dict
-
     return open_dict(cfg)
 
 
@@ -356,9 +351,9 @@ def joining_existing_cluster(environ: Mapping[str, str] | None = None) -> bool:
     return _mode(dict(os.environ if environ is None else environ)) != "local"
 
 
-def adapt_ray_init(cfg: DictConfig) -> list[str]:
+def adapt_ray_init(cfg: DictConfig, environ: Mapping[str, str] | None = None) -> list[str]:
     """When joining an existing cluster, drop ray_init keys that only describe a cluster to start; the notes."""
-    if not joining_existing_cluster():
+    if not joining_existing_cluster(environ):
         return []
     dropped = _drop_cluster_start_kwargs(cfg)
     return [f"note: joining an existing Ray cluster: ray_kwargs.ray_init {', '.join(dropped)} dropped (the cluster's "
@@ -367,9 +362,6 @@ def adapt_ray_init(cfg: DictConfig) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m recipes.nccl_env [--probe OUT.json] RECIPE [overrides]``: print the worker env and conflicts."""
-    from recipes.compose import compose_recipe
-    from recipes.errors import ConfigError, exit_with
-
     argv = list(sys.argv[1:] if argv is None else argv)
     out = None
     if argv[:1] == ["--probe"]:
@@ -398,20 +390,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def record_lines(record: WorkerEnv, path: Path) -> list[str]:
+    """What the terminal shows of the workers' env: each conflict as a warning, then the summary line."""
+    return [f"warning: nccl env: {line}" for line in record.conflicts] + [f"{summary(record)} (written to {path})"]
+
+
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def record_for_training(cfg: DictConfig, run_dir: str | os.PathLike) -> list[str]:
-    """Right before verl's ray.init: adapt ray_init to an existing cluster, stop on conflicts Ray would refuse, write
-    the values in effect to ``run_dir/nccl_env.json``; the lines to print."""
-    from recipes.errors import ConfigError
-
-    lines = adapt_ray_init(cfg)
-    record = worker_env(cfg)
-    if record.problems:
-        raise ConfigError(record.problems)
-    path = write_record(run_dir, record)
-    lines += [f"warning: nccl env: {line}" for line in record.conflicts]
-    lines.append(f"{summary(record)} (written to {path})")
-    return lines

@@ -9,6 +9,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from hybrid_engine.plan import ClusterSpec, Plan, PlanSettings, build_plan
+from recipes.validate import ValidatedRun
 
 FORMATS = ("table", "json")
 
@@ -25,17 +26,10 @@ def cluster_spec(cfg: DictConfig) -> ClusterSpec:
     )
 
 
-def plan_settings(cfg: DictConfig) -> PlanSettings:
-    """The planner's inputs, read from the verl keys of the run's config."""
+def plan_settings(cfg: DictConfig, has_critic: bool, has_ref: bool) -> PlanSettings:
+    """The planner's inputs, read from the verl keys of the run's config and the roles verl gives it."""
     sel = lambda key, default=None: OmegaConf.select(cfg, key, default=default)  # noqa: E731
     actor = "actor_rollout_ref.actor"
-    import warnings
-
-    from verl.trainer.ppo.utils import need_critic, need_reference_policy
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        has_critic, has_ref = bool(need_critic(cfg)), bool(need_reference_policy(cfg))
     return PlanSettings(
         strategy=str(cfg.strategy.name),
         param_offload=bool(sel("offload.param", False)),
@@ -61,9 +55,9 @@ def plan_settings(cfg: DictConfig) -> PlanSettings:
     )
 
 
-def make_plan(checked) -> Plan:
-    cfg = checked.cfg
-    return build_plan(checked.arch, checked.train, checked.infer, cluster_spec(cfg), plan_settings(cfg))
+def make_plan(run: ValidatedRun) -> Plan:
+    settings = plan_settings(run.cfg, run.use_critic, run.use_ref)
+    return build_plan(run.arch, run.train, run.infer, cluster_spec(run.cfg), settings)
 
 
 def run_plan(checked, out=sys.stdout) -> int:

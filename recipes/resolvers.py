@@ -52,7 +52,7 @@ def _run_dir() -> str:
 
 
 def _asset(key: str) -> str:
-    """A path of the tiny asset set under $PACK_DATA_DIR; the set is built locally the first time (~2 s)."""
+    """A path of the tiny asset set under $KLPPO_DATA_DIR; the set is built locally the first time (~2 s)."""
     if key not in _ASSET_FIELDS:
         raise ValueError(f"pack.asset: unknown asset {key!r}; choose from {sorted(_ASSET_FIELDS)}")
     from recipes.verl_ext.demo import ensure_tiny_assets

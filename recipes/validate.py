@@ -6,32 +6,40 @@ ConfigError (the entry point prints them and exits 2).
 
 from __future__ import annotations
 
-import contextlib
-import io
+import copy
 import os
-import warnings as _warnings
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from hybrid_engine.layout import FSDP_ORDER, InferLayout, TrainLayout, collect_layout_errors
-from hybrid_engine.model_spec import ModelArch, load_arch
+from hybrid_engine.model_spec import MODEL_CONFIG_DIR, ModelArch, load_arch
 from recipes.errors import ConfigError
+from recipes.layout_keys import Adoption, adopt, find_adoptions
+from recipes.verl_ext import api as verl
 from recipes.verl_ext.stability.entropy import entropy_warnings
 
 FSDP_STRATEGIES = ("fsdp", "fsdp2")
 
 
-@dataclass
-class Checked:
-    """What validation established, for the planner and the launcher."""
+@dataclass(frozen=True)
+class ValidatedRun:
+    """What validation established, for the planner and the launcher; immutable (its config is read-only)."""
 
     cfg: DictConfig
-    train: TrainLayout
-    infer: InferLayout
+    """the resolved config, verl keys with the layout's values filled in (read-only); the unresolved input when
+    the checks found problems before resolving"""
+    train: TrainLayout | None
+    infer: InferLayout | None
     arch: ModelArch | None
-    warnings: list[str]
-    problems: list[str]
+    """the policy's architecture, as checked against the layouts"""
+    warnings: tuple[str, ...]
+    problems: tuple[str, ...]
+    adopted: tuple[Adoption, ...] = ()
+    """verl layout keys typed on the command line whose values became the layout's (the pack key interpolates)"""
+    use_critic: bool = False
+    use_ref: bool = False
 
 
 def _get(cfg: DictConfig, key: str, problems: list[str]):
@@ -64,8 +72,6 @@ def _layout_dict(cfg: DictConfig, key: str, problems: list[str]) -> dict:
 
 def load_model_arch(cfg: DictConfig, problems: list[str]) -> ModelArch | None:
     """The policy's architecture: a local HF folder at actor_rollout_ref.model.path, else the shipped model.name."""
-    from pathlib import Path
-
     name = OmegaConf.select(cfg, "model.name", default=None)
     path = OmegaConf.select(cfg, "actor_rollout_ref.model.path", default=None)
     candidates = []
@@ -85,10 +91,13 @@ def load_model_arch(cfg: DictConfig, problems: list[str]) -> ModelArch | None:
     return None
 
 
-def _check_strategy(cfg, train: dict, problems: list[str]) -> None:
-    """FSDP strategies train with tp = pp = 1; report otherwise and check the rest as if they were 1 (no cascade)."""
+def _fsdp_layout(cfg, train: dict, problems: list[str]) -> dict:
+    """FSDP strategies train with tp = pp = 1: report otherwise; the layout to check further, as if they were 1 (no
+    cascade of follow-on errors)."""
+    train = dict(train)
     strategy = OmegaConf.select(cfg, "strategy.name")
     if strategy in FSDP_STRATEGIES:
+        train.setdefault("order", FSDP_ORDER)
         for axis in ("tp", "pp"):
             value = train.get(axis)
             if isinstance(value, int) and value > 1:
@@ -101,6 +110,7 @@ def _check_strategy(cfg, train: dict, problems: list[str]) -> None:
         ep = train.get("ep")
         if isinstance(ep, int) and ep > 1:
             problems.append(f"layout.train.ep: ep({ep}) > 1 needs strategy=megatron under verl 0.9.1")
+    return train
 
 
 def _actor_dp(train: TrainLayout) -> int:
@@ -230,10 +240,6 @@ def _offline_stand_in(cfg: DictConfig, arch: ModelArch | None) -> DictConfig:
     verl's HFModelConfig loads config and tokenizer from `path` while validating; when `path` is a hub id (weights
     not here yet) the check uses the pack's copy of the config and skips the tokenizer, so it runs offline.
     """
-    from pathlib import Path
-
-    from hybrid_engine.model_spec import MODEL_CONFIG_DIR
-
     stand_in = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
     shipped = MODEL_CONFIG_DIR / str(arch.name) if arch is not None else None
     if shipped is None or not (shipped / "config.json").is_file():
@@ -247,52 +253,41 @@ def _offline_stand_in(cfg: DictConfig, arch: ModelArch | None) -> DictConfig:
     return stand_in
 
 
-def _verl_checks(cfg: DictConfig, problems: list[str]) -> None:
+def _verl_checks(cfg: DictConfig, use_critic: bool, use_ref: bool, problems: list[str]) -> None:
     """verl 0.9.1's own validate_config and dataclass conversion, on the resolved config; its output is captured."""
-    from verl.trainer.ppo.utils import need_critic, need_reference_policy
-    from verl.utils.config import omega_conf_to_dataclass, validate_config
-
     try:
-        with contextlib.redirect_stdout(io.StringIO()), _warnings.catch_warnings():
-            _warnings.simplefilter("ignore")
-            validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
-            omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
-            omega_conf_to_dataclass(cfg.algorithm)
+        verl.validate_config(cfg, use_critic=use_critic, use_reference_policy=use_ref)
     except Exception as error:  # noqa: BLE001 - verl raises AssertionError/ValueError/TypeError with its own text
         text = " ".join(str(error).split()) or type(error).__name__
         problems.append(f"verl validate_config: {text}")
 
 
-def validate(cfg: DictConfig, *, run_verl: bool = True) -> Checked:
+def validate(cfg: DictConfig, *, run_verl: bool = True) -> ValidatedRun:
     """Check everything; raise ConfigError with every problem, or return what was established."""
-    checked = inspect(cfg, run_verl=run_verl)
-    if checked.problems:
-        raise ConfigError(checked.problems)
-    return checked
+    run = check(cfg, run_verl=run_verl)
+    if run.problems:
+        raise ConfigError(list(run.problems))
+    return run
 
 
-def inspect(cfg: DictConfig, *, run_verl: bool = True) -> Checked:
-    """Check everything and return what was established with the problems found (verl's checks only when none)."""
-    from recipes.layout_keys import adopt_direct_overrides
+def check(cfg: DictConfig, *, run_verl: bool = True) -> ValidatedRun:
+    """Check everything and return what was established with the problems found (verl's checks only when none).
 
-    notes, problems = adopt_direct_overrides(cfg)
-    warnings: list[str] = [f"note: {note}" for note in notes]
+    A pure function: ``cfg`` is not written to. verl layout keys typed directly are adopted into a copy (and come
+    back as ``adopted``); the result's config is resolved and read-only.
+    """
+    cfg = copy.deepcopy(cfg)
+    adoptions, problems = find_adoptions(cfg)
+    adopt(cfg, adoptions)
+    warnings: list[str] = [f"note: {a.note}" for a in adoptions if a.changed]
     world, world_desc = _world(cfg, problems)
-    train_d = _layout_dict(cfg, "layout.train", problems)
+    train_d = _fsdp_layout(cfg, _layout_dict(cfg, "layout.train", problems), problems)
     infer_d = _layout_dict(cfg, "layout.infer", problems)
-    _check_strategy(cfg, train_d, problems)
-    if OmegaConf.select(cfg, "strategy.name") in FSDP_STRATEGIES:
-        train_d.setdefault("order", FSDP_ORDER)
     train = infer = None
     if world is not None:
         train, infer, layout_problems = collect_layout_errors(train_d, infer_d, world, world_desc)
         problems += layout_problems
-    from verl.trainer.ppo.utils import need_critic, need_reference_policy
-
-    with _warnings.catch_warnings():
-        _warnings.simplefilter("ignore")
-        use_critic = bool(_safe(lambda: need_critic(cfg), False))
-        use_ref = bool(_safe(lambda: need_reference_policy(cfg), False))
+    use_critic, use_ref = _safe(lambda: verl.roles(cfg), (False, False))
     arch = load_model_arch(cfg, problems)
     warnings.extend(entropy_warnings(cfg))  # entropy=clip_cov|kl_cov under strictly on-policy updates
     if train is not None:
@@ -301,13 +296,14 @@ def inspect(cfg: DictConfig, *, run_verl: bool = True) -> Checked:
         if arch is not None and infer is not None:
             strategy, rollout = OmegaConf.select(cfg, "strategy.name"), str(OmegaConf.select(cfg, "rollout.name"))
             _check_model(arch, train, infer, strategy, problems, warnings, rollout)
-    if problems:
-        return Checked(cfg=cfg, train=train, infer=infer, arch=arch, warnings=warnings, problems=problems)
-    resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-    if run_verl:
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        _verl_checks(_offline_stand_in(resolved, arch), problems)
-    return Checked(cfg=resolved, train=train, infer=infer, arch=arch, warnings=warnings, problems=problems)
+    if not problems:
+        cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+        if run_verl:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            _verl_checks(_offline_stand_in(cfg, arch), use_critic, use_ref, problems)
+    OmegaConf.set_readonly(cfg, True)
+    return ValidatedRun(cfg=cfg, train=train, infer=infer, arch=arch, warnings=tuple(warnings),
+                        problems=tuple(problems), adopted=tuple(adoptions), use_critic=use_critic, use_ref=use_ref)
 
 
 def _safe(fn, default):

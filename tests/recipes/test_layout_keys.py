@@ -7,7 +7,7 @@ from omegaconf import OmegaConf
 
 from recipes.compose import compose_recipe
 from recipes.confdir import group_options
-from recipes.layout_keys import LAYOUT_FED_KEYS, adopt_direct_overrides, present_keys
+from recipes.layout_keys import LAYOUT_FED_KEYS, adopt, find_adoptions, present_keys
 
 CASES = [
     ("fsdp2", "tp1", []), ("fsdp2", "tp2", []), ("fsdp2", "tp4", []), ("fsdp2", "tp8", []),
@@ -50,9 +50,12 @@ def test_fsdp_trains_without_tp_but_generates_with_it():
 
 def test_direct_verl_override_is_adopted_into_the_layout():
     cfg = compose_recipe("grpo", ["parallel=tp1", "actor_rollout_ref.rollout.tensor_model_parallel_size=4"])
-    notes, problems = adopt_direct_overrides(cfg)
+    adoptions, problems = find_adoptions(cfg)
     assert problems == []
-    assert notes == ["actor_rollout_ref.rollout.tensor_model_parallel_size=4 sets layout.infer.tp (was 1)"]
+    assert [a.note for a in adoptions] == [
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=4 sets layout.infer.tp (was 1)"]
+    assert cfg.layout.infer.tp == 1  # finding reads the config only
+    adopt(cfg, adoptions)
     assert cfg.layout.infer.tp == 4
     assert OmegaConf.is_interpolation(cfg.actor_rollout_ref.rollout, "tensor_model_parallel_size")
     assert cfg.layout.infer.dp == 2
@@ -62,7 +65,7 @@ def test_conflicting_direct_overrides_are_reported():
     cfg = compose_recipe("kl_ppo", ["strategy=megatron", "parallel=tp2",
                                     "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4",
                                     "critic.megatron.tensor_model_parallel_size=2"])
-    _, problems = adopt_direct_overrides(cfg)
+    _, problems = find_adoptions(cfg)
     assert problems == [
         "critic.megatron.tensor_model_parallel_size: 2 disagrees with "
         "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4; both repeat layout.train.tp"

@@ -7,16 +7,13 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
+from recipes.bundle import write_record
 from recipes.compose import compose_recipe
 from recipes.defaults import embedded_defaults
 from recipes.errors import ConfigError
-from recipes.nccl_env import (
-    adapt_ray_init,
-    ray_init_runtime_env,
-    record_for_training,
-    verl_runtime_env,
-    worker_env,
-)
+from recipes.finalize import finalize
+from recipes.nccl_env import ray_init_runtime_env, verl_runtime_env, worker_env
+from recipes.validate import validate
 
 CPU = embedded_defaults([], accelerator=False)  # parallel=cpu cluster=cpu rollout=hf model=tiny task=tiny
 BASE = {"PATH": "/usr/bin", "HOME": "/root"}
@@ -103,28 +100,30 @@ def test_invalid_env_name_is_a_problem():
     assert any("BAD-NAME: not a valid environment variable name" in p for p in record.problems)
 
 
-def test_record_for_training_joining_a_cluster(tmp_path, monkeypatch):
-    """On an existing cluster the CPU preset's ray_init.num_cpus/num_gpus are dropped (Ray refuses them there)."""
+def test_finalize_joining_a_cluster_drops_cluster_start_kwargs(tmp_path, monkeypatch):
+    """On an existing cluster the CPU preset's ray_init.num_cpus/num_gpus are dropped (Ray refuses them there), in the
+    config verl receives and in the record; the validated run itself is left as it was."""
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
-    cfg = compose_recipe("grpo", CPU)
-    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-    assert cfg.ray_kwargs.ray_init.num_cpus == 16
-    lines = record_for_training(cfg, tmp_path)
-    assert "num_cpus" not in cfg.ray_kwargs.ray_init and "num_gpus" not in cfg.ray_kwargs.ray_init
-    assert any("num_cpus=16" in line and "dropped" in line for line in lines)
+    run = validate(compose_recipe("grpo", CPU), run_verl=False)
+    assert run.cfg.ray_kwargs.ray_init.num_cpus == 16
+    final = finalize(run, tmp_path)
+    assert "num_cpus" not in final.cfg.ray_kwargs.ray_init and "num_gpus" not in final.cfg.ray_kwargs.ray_init
+    assert run.cfg.ray_kwargs.ray_init.num_cpus == 16
+    assert any("num_cpus=16" in line and "dropped" in line for line in final.notes)
+    write_record(tmp_path, final.cfg, final.workers, "grpo", [])
     record = json.loads((tmp_path / "nccl_env.json").read_text())
     assert record["mode"] == "cluster" and record["env"]["NCCL_DEBUG"] == "WARN"
     monkeypatch.delenv("RAY_ADDRESS")
-    again = OmegaConf.create(OmegaConf.to_container(compose_recipe("grpo", CPU), resolve=True))
-    assert adapt_ray_init(again) == [] and again.ray_kwargs.ray_init.num_cpus == 16
+    again = finalize(run, tmp_path)
+    assert again.notes == () and again.cfg.ray_kwargs.ray_init.num_cpus == 16
 
 
-def test_record_for_training_refuses_a_conflicting_job(tmp_path, monkeypatch):
-    cfg = compose_recipe("grpo", ["nccl=ib"])
+def test_finalize_refuses_a_conflicting_job(tmp_path, monkeypatch):
+    run = validate(compose_recipe("grpo", ["nccl=ib"]), run_verl=False)
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": {"env_vars": {"NCCL_PROTO": "LL"}}}))
     monkeypatch.delenv("RAY_OVERRIDE_JOB_RUNTIME_ENV", raising=False)
     with pytest.raises(ConfigError, match="NCCL_PROTO"):
-        record_for_training(cfg, tmp_path)
+        finalize(run, tmp_path)
 
 
 def test_determinism_and_transfer_queue_follow_run_ppo():

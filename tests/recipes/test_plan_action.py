@@ -9,15 +9,15 @@ import pytest
 
 from recipes.compose import compose_recipe
 from recipes.plan import make_plan, run_plan
-from recipes.validate import inspect
+from recipes.validate import check
 
 SEED = ["strategy=megatron", "parallel=tp8pp4", "cluster.nnodes=4", "action=plan"]
 
 
 @pytest.mark.parametrize("recipe", ["grpo", "kl_ppo"])
 def test_plan_table_and_json_agree(recipe, tmp_path):
-    checked = inspect(compose_recipe(recipe, SEED + ["plan.format=json", f"plan.picture={tmp_path}/grid.svg"]))
-    assert checked.problems == []
+    checked = check(compose_recipe(recipe, SEED + ["plan.format=json", f"plan.picture={tmp_path}/grid.svg"]))
+    assert checked.problems == ()
     out = io.StringIO()
     assert run_plan(checked, out=out) == 0
     data = json.loads(out.getvalue())
@@ -37,8 +37,8 @@ def test_plan_table_and_json_agree(recipe, tmp_path):
 
 
 def test_plan_of_a_layout_the_model_cannot_take_prints_and_fails():
-    checked = inspect(compose_recipe("kl_ppo", SEED + ["model=qwen2_7b"]))
-    assert checked.problems == [
+    checked = check(compose_recipe("kl_ppo", SEED + ["model=qwen2_7b"]))
+    assert list(checked.problems) == [
         "layout.train.tp: qwen2_7b has 28 attention heads, not divisible by tp(8): 28 % 8 = 4",
         "layout.train.tp: Megatron needs tp(8) to divide qwen2_7b's 4 kv heads: 4 % 8 = 4",
     ]

@@ -1,7 +1,7 @@
 """Tiny assets for the embedded CPU default: a random Qwen2-family model, its tokenizer, a synthetic task, a reward.
 
 Nothing comes from a model or dataset hub: everything is built here, deterministically (fixed seeds), on first use,
-and cached under ``$PACK_DATA_DIR`` or else ``~/.cache/klppo-recipes``::
+and cached under ``$KLPPO_DATA_DIR`` or else ``~/.cache/klppo-recipes``::
 
     from recipes.verl_ext.demo import ensure_tiny_assets
     assets = ensure_tiny_assets()          # builds once (seconds), then returns the cached paths
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hybrid_engine.model_spec import MODEL_CONFIG_DIR
+from recipes import envvars
 from recipes.verl_ext.demo import reward as _reward
 
 __all__ = ["ASSETS_VERSION", "TinyAssets", "default_root", "ensure_tiny_assets"]
@@ -83,8 +84,8 @@ class TinyAssets:
 
 
 def default_root() -> Path:
-    """``$PACK_DATA_DIR`` if set, else ``~/.cache/klppo-recipes``."""
-    env = os.environ.get("PACK_DATA_DIR")
+    """``$KLPPO_DATA_DIR`` if set, else ``~/.cache/klppo-recipes``."""
+    env = envvars.getenv(envvars.DATA_DIR)
     return Path(env).expanduser() if env else Path("~/.cache/klppo-recipes").expanduser()
 
 

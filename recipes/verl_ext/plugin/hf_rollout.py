@@ -14,9 +14,9 @@ with plain ``transformers`` so verl's real trainer runs where vLLM/SGLang cannot
   stream on every rank and the replica's first rank hands the full state dict to its server: :func:`hand_off_weights`
   is that hand-off, in one place. The stream is the resharding executor's (``weight_sync``): each rank sends its
   FSDP2 rows to the feeders only, so a rank that feeds no server receives nothing (verl's own path, kept as the
-  fallback, all-gathers every tensor on every rank). Each rank's bytes per sync go to ``$HYBRID_ENGINE_SYNC_LOG``.
+  fallback, all-gathers every tensor on every rank). Each rank's bytes per sync go to ``$KLPPO_SYNC_LOG``.
 
-Weight sync can be switched off with ``HYBRID_ENGINE_SYNC_WEIGHTS=0`` (the rollout then keeps its initial weights,
+Weight sync can be switched off with ``KLPPO_SYNC_WEIGHTS=0`` (the rollout then keeps its initial weights,
 and verl's ``training/rollout_probs_diff_*`` metrics show the actor drifting away from it).
 """
 
@@ -35,6 +35,7 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
+from recipes import envvars
 from recipes.verl_ext.plugin.weight_sync import enable_sharded_export, open_weight_stream
 
 __all__ = [
@@ -51,15 +52,15 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 ROLLOUT_NAME = "hf"
-SYNC_WEIGHTS_ENV = "HYBRID_ENGINE_SYNC_WEIGHTS"
+SYNC_WEIGHTS_ENV = envvars.SYNC_WEIGHTS
 # A batch starts once no request arrived for _BATCH_QUIET_S, or _BATCH_MAX_WAIT_S after its first request.
 _BATCH_QUIET_S = 0.01
 _BATCH_MAX_WAIT_S = 0.05
 
 
 def weight_sync_enabled() -> bool:
-    """False when ``HYBRID_ENGINE_SYNC_WEIGHTS`` is ``0``/``false``/``no``/``off``; true otherwise."""
-    return os.environ.get(SYNC_WEIGHTS_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    """False when ``KLPPO_SYNC_WEIGHTS`` is ``0``/``false``/``no``/``off``; true otherwise."""
+    return envvars.getenv(SYNC_WEIGHTS_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def server_name(replica_rank: int) -> str:

@@ -14,7 +14,7 @@ rank receives the whole model, although only the first rank of each rollout repl
   (LoRA, QAT, HSDP's 2-D mesh, MoE, a tensor the model spec does not know) it says why once and falls back to
   verl's stream; the refusal is decided before any collective, alike on every rank.
 - :class:`SyncRecord`: what one rank received in one sync, measured at the collectives, beside the planner's bytes
-  and what verl's ``full_tensor()`` path receives on that rank. With ``HYBRID_ENGINE_SYNC_LOG`` set (the recipes set
+  and what verl's ``full_tensor()`` path receives on that rank. With ``KLPPO_SYNC_LOG`` set (the recipes set
   it to ``<run dir>/weight_sync.jsonl``) each rank appends one JSON line per sync.
 """
 
@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
 import torch
+
+from recipes import envvars
 
 __all__ = [
     "SYNC_LOG_ENV",
@@ -42,7 +43,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-SYNC_LOG_ENV = "HYBRID_ENGINE_SYNC_LOG"
+SYNC_LOG_ENV = envvars.SYNC_LOG
 """Path of a JSON-lines file each rank appends its :class:`SyncRecord` to after every weight sync."""
 
 _SHARDED_EXPORT = False
@@ -153,7 +154,7 @@ class WeightSync:
     stats_out: list = field(default_factory=list)  # the resharder's ReshardStats, once the stream is drained
 
     def finish(self, tensors: int) -> SyncRecord:
-        """Fill in what the drained stream measured; append the record to ``$HYBRID_ENGINE_SYNC_LOG`` if set."""
+        """Fill in what the drained stream measured; append the record to ``$KLPPO_SYNC_LOG`` if set."""
         record = self.record
         record.seconds = time.perf_counter() - self.started
         record.tensors = tensors
@@ -163,7 +164,7 @@ class WeightSync:
             record.planned_bytes = measured.planned.received if measured.planned is not None else None
             record.extra["peak_extra_bytes"] = measured.peak_extra_bytes
             record.extra["buckets"] = measured.buckets
-        path = os.environ.get(SYNC_LOG_ENV)
+        path = envvars.getenv(SYNC_LOG_ENV)
         if path:
             with open(path, "a", encoding="utf-8") as log:  # one short line per write: appends do not interleave
                 log.write(record.to_json() + "\n")

@@ -34,9 +34,9 @@ def test_paths_exist_under_the_given_root(assets):
 
 
 def test_default_root_follows_pack_data_dir(monkeypatch, tmp_path):
-    monkeypatch.setenv("PACK_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("KLPPO_DATA_DIR", str(tmp_path))
     assert default_root() == tmp_path
-    monkeypatch.delenv("PACK_DATA_DIR")
+    monkeypatch.delenv("KLPPO_DATA_DIR")
     assert default_root() == Path("~/.cache/klppo-recipes").expanduser()
 
 

@@ -11,7 +11,7 @@ sent. Asserted, per rollout layout:
 - verl's generator (``full_tensor()`` on every rank) is never started on either path;
 - a state dict the executor cannot take (a tensor the model spec does not know) falls back to verl's generator on
   both ranks, with the reason recorded, and the server still gets the full model;
-- every rank's record lands in ``$HYBRID_ENGINE_SYNC_LOG`` (two processes appending to one file);
+- every rank's record lands in ``$KLPPO_SYNC_LOG`` (two processes appending to one file);
 - the buckets follow verl's ``rollout.update_weights_bucket_megabytes``.
 """
 

@@ -1,0 +1,71 @@
+"""The verl 0.9.1 functions the rest of the pack calls, in one place: what to re-check when verl moves.
+
+The app (compose, validate, finalize, plan, train) reaches verl only through this module and the rooms beside it.
+Every import of verl here is deliberately lazy: ``import verl`` costs seconds, and ``--help``, ``--cfg job`` or a
+config error must not pay it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import warnings
+
+
+def _quietly():
+    """verl prints and warns while it inspects a config; the pack reports problems itself."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
+    stack.enter_context(warnings.catch_warnings())
+    warnings.simplefilter("ignore")
+    return stack
+
+
+def roles(cfg) -> tuple[bool, bool]:
+    """(uses a critic, uses a reference policy) as verl 0.9.1 decides them from the config."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+
+    with _quietly():
+        return bool(need_critic(cfg)), bool(need_reference_policy(cfg))
+
+
+def validate_config(cfg, *, use_critic: bool, use_reference_policy: bool) -> None:
+    """verl's own ``validate_config`` and the dataclass conversions its workers do first; raises verl's errors."""
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.utils.config import validate_config as verl_validate_config
+
+    with _quietly():
+        verl_validate_config(config=cfg, use_reference_policy=use_reference_policy, use_critic=use_critic)
+        omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
+        omega_conf_to_dataclass(cfg.algorithm)
+
+
+def detected_device(cfg) -> str | None:
+    """The ``trainer.device`` verl's ``auto_set_device`` would set on this machine (None: it keeps the config's)."""
+    from verl.utils.device import get_platform
+
+    detected = get_platform().device_name
+    current = cfg.trainer.device
+    return detected if detected != "cpu" and current != detected else None
+
+
+def ppo_ray_runtime_env(cfg) -> dict:
+    """verl's ``get_ppo_ray_runtime_env``: the runtime env its ``run_ppo`` gives ray.init (reads os.environ)."""
+    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
+
+    return dict(get_ppo_ray_runtime_env(cfg))
+
+
+def run_ppo(cfg, task_runner_class=None) -> None:
+    """verl's ``run_ppo`` with its v1 task runner (``trainer.use_v1``) or the legacy one; or a given runner class."""
+    from verl.trainer.main_ppo import TaskRunnerV1
+    from verl.trainer.main_ppo import run_ppo as verl_run_ppo
+
+    if task_runner_class is None:
+        if cfg.trainer.use_v1:
+            task_runner_class = TaskRunnerV1
+        else:
+            from verl.trainer.main_ppo_v0 import TaskRunner
+
+            task_runner_class = TaskRunner
+    verl_run_ppo(cfg, task_runner_class=task_runner_class)
