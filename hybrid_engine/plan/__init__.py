@@ -4,6 +4,7 @@
 - ``bytes``: bytes each GPU receives per resharding scheme, and the time estimates.
 - ``memory``: memory per GPU of a colocated run, phase by phase.
 - ``build``: the ``Plan`` and ``build_plan`` / ``plan_from_names``.
+- ``render``: how a plan is shown: the JSON document (schema), the text table, the rank-grid picture.
 
 Entry point for the recipes::
 
