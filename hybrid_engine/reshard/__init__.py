@@ -3,16 +3,19 @@
 - ``shards``: a rank's training shards (Megatron-style TP/PP with fused qkv / gate_up, or FSDP2 ``Shard(0)``) and
   deterministic weight sources to build them.
 - ``exchange``: the exchange plan (who sends which box to whom) of each scheme, computed alike on every rank.
+- ``packing``: the local copies around the collectives: cells packed into and unpacked from flat buffers, the
+  generation outputs (views of the rank's own storage where they can be).
 - ``executor``: ``Resharder`` runs it with all-gathers / all-to-alls and streams ``(hf_name, tensor)``;
   ``stream_to_feeders`` / ``rollout_weight_stream`` are the weight hand-off for a rollout fed by one rank per
   replica (verl's colocated CPU ``hf`` rollout).
 - ``stats``: bytes, times and memory as measured, and the planner's numbers beside them.
+- ``simulation``: ``simulate`` runs a scheme for every rank in one process, the collectives replaced by copies.
 - ``mode_switch``: ``ModeSwitch.generation(...)``, the training <-> generation context manager (RNG states, weights).
 
 Nothing here runs at import time; torch is imported, transformers is not.
 """
 
-from hybrid_engine.reshard.exchange import SCHEME_NAMES, Scheme, make_buckets, simulate
+from hybrid_engine.reshard.exchange import SCHEME_NAMES, Scheme, make_buckets
 from hybrid_engine.reshard.executor import (
     DEFAULT_BUCKET_BYTES,
     Resharder,
@@ -31,6 +34,7 @@ from hybrid_engine.reshard.shards import (
     synthetic_source,
     synthetic_tensor,
 )
+from hybrid_engine.reshard.simulation import simulate
 from hybrid_engine.reshard.stats import PlannedBytes, ReshardStats, planned_bytes
 
 __all__ = [

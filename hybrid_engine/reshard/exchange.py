@@ -32,10 +32,8 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
-
-import torch
 
 from hybrid_engine.groups import HybridGroups
 from hybrid_engine.model_spec import ModelSpec, TensorSpec
@@ -43,9 +41,7 @@ from hybrid_engine.plan.bytes import stage_placement
 from hybrid_engine.reshard.shards import (
     Box,
     LocalShards,
-    Segment,
     box_numel,
-    box_shape,
     contains,
     fsdp_box,
     full_box,
@@ -61,11 +57,7 @@ __all__ = [
     "Gather",
     "Scheme",
     "Step",
-    "allocate_outputs",
     "make_buckets",
-    "pack_cells",
-    "simulate",
-    "unpack_cells",
 ]
 
 SCHEME_NAMES = ("hybridflow", "tp_group_gather", "full_gather", "fsdp_to_tp", "gather_to_feeders")
@@ -456,189 +448,3 @@ def make_buckets(spec: ModelSpec, bucket_bytes: int | None, dtype_size: int, sta
         buckets[-1].append(tensor.name)
         size += nbytes
     return [tuple(b) for b in buckets if b]
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# packing, unpacking, outputs (shared by the torch.distributed executor and the single-process simulation)
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def pack_cells(flat: torch.Tensor, cells: Sequence[Cell], sources: LocalShards) -> None:
-    """Copy ``cells`` from ``sources`` one after the other into the 1-D ``flat``."""
-    offset = 0
-    for cell in cells:
-        n = cell.numel
-        flat.narrow(0, offset, n).view(box_shape(cell.box)).copy_(sources.extract(cell.name, cell.box))
-        offset += n
-
-
-def unpack_cells(flat: torch.Tensor, cells: Sequence[Cell], outputs: LocalShards, me: int) -> dict[str, int]:
-    """Copy ``cells`` (laid out one after the other in ``flat``) into ``outputs`` where ``me`` receives them.
-    Returns elements received per tensor."""
-    offset, received = 0, {}
-    for cell in cells:
-        n = cell.numel
-        if me in cell.receivers:
-            outputs.extract(cell.name, cell.box).copy_(flat.narrow(0, offset, n).view(box_shape(cell.box)))
-            received[cell.name] = received.get(cell.name, 0) + n
-        offset += n
-    return received
-
-
-def allocate_outputs(
-    scheme: Scheme,
-    step: int,
-    rank: int,
-    names: Iterable[str],
-    sources: LocalShards,
-    dtype,
-    device,
-    programs: dict | None = None,
-) -> tuple[LocalShards, int]:
-    """The rank's output tensors of ``step`` for ``names``: a view of its own storage when the target lies in one of
-    its segments (and the view is contiguous), else a new tensor with the rank's own part copied in.
-    Returns the outputs and the bytes newly allocated.
-
-    ``programs``: a dict the caller keeps between switches. The box arithmetic of a bucket (which segment, which
-    narrows, which copies) depends only on the step, the rank, the names and the sources' segments; it is worked out
-    once per such key and replayed after, leaving only the views, allocations and copies themselves."""
-    names = tuple(names)
-    if programs is None:
-        return _run_program(_compile(scheme, step, rank, names, sources), rank, names, sources, dtype, device)
-    key = (step, rank, names, tuple(tuple(sources.segments.get(name, ())) for name in names))
-    program = programs.get(key)
-    if program is None:
-        program = programs[key] = _compile(scheme, step, rank, names, sources)
-    return _run_program(program, rank, names, sources, dtype, device)
-
-
-def _narrows(tensor_box: Box, box: Box) -> tuple[tuple[int, int, int], ...]:
-    """``narrow_box`` as (dim, start, length) steps."""
-    return tuple(
-        (dim, lo - t_lo, hi - lo)
-        for dim, ((t_lo, t_hi), (lo, hi)) in enumerate(zip(tensor_box, box, strict=True))
-        if lo != t_lo or hi != t_hi
-    )
-
-
-def _apply(tensor: torch.Tensor, narrows) -> torch.Tensor:
-    for dim, start, length in narrows:
-        tensor = tensor.narrow(dim, start, length)
-    return tensor
-
-
-def _compile(scheme: Scheme, step: int, rank: int, names: tuple[str, ...], sources: LocalShards) -> list:
-    """Per name: None (not a target), ``("view", target, segment index, narrows)`` or
-    ``("new", target, shape, ((segment index, source narrows, output narrows), ...))``."""
-    program = []
-    for name in names:
-        target = scheme.target(step, rank, name)
-        if target is None:
-            program.append(None)
-            continue
-        segments = sources.segments.get(name, ())
-        inside = next((i for i, segment in enumerate(segments) if contains(segment.box, target)), None)
-        if inside is not None:
-            narrows = _narrows(segments[inside].box, target)
-            view = _apply(sources.view(name, segments[inside]), narrows)
-            if view.is_contiguous():
-                program.append(("view", target, inside, narrows))
-                continue
-        copies = []
-        for index, segment in enumerate(segments):
-            inter = _intersect(segment.box, target)
-            if inter is not None:
-                copies.append((index, _narrows(segment.box, inter), _narrows(target, inter)))
-        program.append(("new", target, box_shape(target), tuple(copies)))
-    return program
-
-
-def _run_program(program: list, rank: int, names: tuple[str, ...], sources: LocalShards, dtype, device):
-    outputs = LocalShards(kind="generation", rank=rank, storage={}, segments={})
-    allocated = 0
-    for name, op in zip(names, program, strict=True):
-        if op is None:
-            continue
-        segments = sources.segments.get(name, ())
-        if op[0] == "view":
-            tensor = _apply(sources.view(name, segments[op[2]]), op[3])
-            if not tensor.is_contiguous():  # storage strides differ from the compiled sources': copy after all
-                tensor = tensor.contiguous()
-                allocated += tensor.numel() * tensor.element_size()
-        else:
-            tensor = torch.empty(op[2], dtype=dtype, device=device)
-            allocated += tensor.numel() * tensor.element_size()
-            for index, source_narrows, output_narrows in op[3]:
-                _apply(tensor, output_narrows).copy_(_apply(sources.view(name, segments[index]), source_narrows))
-        outputs.storage[name] = tensor
-        outputs.segments[name] = [Segment(box=op[1], key=name, offset=0)]
-    return outputs, allocated
-
-
-def _intersect(a: Box, b: Box) -> Box | None:
-    box = tuple((max(a_lo, b_lo), min(a_hi, b_hi)) for (a_lo, a_hi), (b_lo, b_hi) in zip(a, b, strict=True))
-    return box if all(lo < hi for lo, hi in box) else None
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# simulation: every rank in one process, the collectives replaced by copies (for 32-rank layouts in a test)
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class SimulationResult:
-    outputs: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
-    """rank -> HF name -> generation tensor."""
-    received: dict[int, dict[str, int]] = field(default_factory=dict)
-    """rank -> HF name -> elements received."""
-    by_phase: dict[int, dict[str, int]] = field(default_factory=dict)
-    """rank -> phase -> elements received."""
-
-
-def simulate(scheme: Scheme, shards: dict[int, LocalShards], bucket_bytes: int | None = None) -> SimulationResult:
-    """Run ``scheme`` for all ranks in this process with the executor's plan, packing and unpacking; the all-gathers
-    and all-to-alls become copies between the ranks' buffers."""
-    ranks = sorted(shards)
-    if ranks != list(range(scheme.world)):
-        raise ValueError(f"simulate needs the shards of every rank 0..{scheme.world - 1}")
-    dtype = shards[0].dtype
-    result = SimulationResult(
-        outputs={r: {} for r in ranks}, received={r: {} for r in ranks}, by_phase={r: {} for r in ranks}
-    )
-    element_size = torch.empty((), dtype=dtype).element_size()
-    for bucket in make_buckets(scheme.spec, bucket_bytes, element_size, scheme.pipeline_stages):
-        previous = dict(shards)
-        for step_index, step in enumerate(scheme.steps):
-            sources = shards if step.source == "shards" else previous
-            outputs = {r: allocate_outputs(scheme, step_index, r, bucket, sources[r], dtype, "cpu")[0] for r in ranks}
-            done: set[tuple] = set()
-            for r in ranks:
-                exchange = scheme.exchange(step_index, r, bucket)
-                if exchange.group in done:
-                    continue
-                done.add(exchange.group)
-                for gather in exchange.gathers:
-                    flats = []
-                    for member, cells in zip(gather.members, gather.cells, strict=True):
-                        flat = torch.empty(sum(c.numel for c in cells), dtype=dtype)
-                        pack_cells(flat, cells, sources[member])
-                        flats.append(flat)
-                    for me in gather.members:
-                        for flat, cells in zip(flats, gather.cells, strict=True):
-                            _count(result, me, step.phase, unpack_cells(flat, cells, outputs[me], me))
-                for cell in exchange.p2p:
-                    flat = torch.empty(cell.numel, dtype=dtype)
-                    pack_cells(flat, [cell], sources[cell.owner])
-                    for me in cell.receivers:
-                        _count(result, me, step.phase, unpack_cells(flat, [cell], outputs[me], me))
-            for r in ranks:
-                if step.final:
-                    result.outputs[r].update(outputs[r].storage)
-            previous = outputs
-    return result
-
-
-def _count(result: SimulationResult, rank: int, phase: str, received: dict[str, int]) -> None:
-    for name, n in received.items():
-        result.received[rank][name] = result.received[rank].get(name, 0) + n
-        result.by_phase[rank][phase] = result.by_phase[rank].get(phase, 0) + n

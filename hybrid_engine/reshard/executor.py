@@ -25,15 +25,8 @@ import torch.distributed as dist
 from hybrid_engine.groups import HybridGroups, hybrid_groups
 from hybrid_engine.layout import InferLayout, TrainLayout
 from hybrid_engine.model_spec import ModelSpec
-from hybrid_engine.reshard.exchange import (
-    Exchange,
-    Gather,
-    Scheme,
-    allocate_outputs,
-    make_buckets,
-    pack_cells,
-    unpack_cells,
-)
+from hybrid_engine.reshard.exchange import Exchange, Gather, Scheme, make_buckets
+from hybrid_engine.reshard.packing import allocate_outputs, pack_cells, unpack_cells
 from hybrid_engine.reshard.shards import LocalShards, contains, fsdp_shards_from_state_dict, unique_tensors
 from hybrid_engine.reshard.stats import MemoryTracker, PlannedBytes, ReshardStats, planned_bytes
 
