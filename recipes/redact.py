@@ -29,7 +29,8 @@ _NOT_SECRET_BEFORE = {
     "SOURCE", "MESSAGE", "MESSAGES", "TOOL", "TOOLS", "FN", "FIELD", "COLUMN", "CACHE", "EXTRA", "INFO", "GROUP",
     "METRIC", "QUERY", "CHOSEN", "REJECTED", "TEXT", "TRUTH", "UID", "ID", "INDEX", "MODALITY", "PAD", "EOS", "BOS",
     "UNK", "SEP", "CLS", "MASK", "SPECIAL", "START", "END", "STOP", "THINK", "VISION", "PARTITION", "HASH", "LOOKUP",
-    "PRIMARY", "SEARCH", "DICT", "MAP", "SPLIT", "TASK", "NEXT", "FIRST", "LAST", "ROUTING",
+    "PRIMARY", "SEARCH", "DICT", "MAP", "SPLIT", "TASK", "NEXT", "FIRST", "LAST", "ROUTING", "TEACHER", "STUDENT",
+    "POLICY", "SORTING", "SAMPLE", "SCORE", "JUDGE", "CRITIC", "RULE", "MODEL", "MODELS",
 }
 # values that are keys whatever their name (Hugging Face, GitHub, OpenAI-style, Slack, AWS access key, GitLab)
 _TOKEN_VALUE = re.compile(
@@ -46,10 +47,16 @@ def _words(name: str) -> list[str]:
 
 def is_secret_name(name: str) -> bool:
     """True for WANDB_API_KEY, HF_TOKEN, AWS_SECRET_ACCESS_KEY, DB_PASSWORD, apiKey, trainer.wandb_key; False for
-    ppo_max_token_len_per_gpu, data.prompt_key, TOKENIZERS_PARALLELISM. For a dotted key, the last part decides."""
-    words = _words(str(name).rsplit(".", 1)[-1].rsplit("/", 1)[-1])
+    ppo_max_token_len_per_gpu, data.prompt_key, TOKENIZERS_PARALLELISM. For a dotted key, the last part decides
+    (and, for a bare ``key`` or ``token``, the part before it)."""
+    parts = [part for part in str(name).replace("/", ".").split(".") if part]
+    if not parts:
+        return False
+    words = _words(parts[-1])
     if not words:
         return False
+    if len(words) == 1 and len(parts) > 1:
+        words = _words(parts[-2])[-1:] + words  # a bare `key`: its parent says which (wandb.key, teacher_model.key)
     if any(part in word for word in words for part in _SECRET_PARTS) or any(w in _SECRET_WORDS for w in words):
         return True
     if len(words) > 2 and words[-2:] == ["KEY", "ID"]:

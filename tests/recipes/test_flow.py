@@ -1,0 +1,77 @@
+"""One pass from compose to run: validation is pure, verl's validator runs once, and the saved config is exactly the
+config verl's trainer receives."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import verl.utils.config as verl_config
+from omegaconf import OmegaConf
+
+from recipes.compose import compose_recipe
+from recipes.defaults import embedded_defaults
+from recipes.launch import run_recipe
+from recipes.validate import check
+from recipes.verl_ext import api
+
+CPU = embedded_defaults([], accelerator=False)
+
+
+@pytest.fixture
+def count_verl_validations(monkeypatch):
+    """verl's own validate_config, counted (the real function still runs)."""
+    calls = []
+    real = verl_config.validate_config
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(verl_config, "validate_config", counting)
+    return calls
+
+
+def test_check_does_not_write_into_its_input():
+    cfg = compose_recipe("grpo", ["parallel=tp1", "actor_rollout_ref.rollout.tensor_model_parallel_size=4"])
+    before = OmegaConf.to_yaml(cfg)
+    run = check(cfg, run_verl=False)
+    assert OmegaConf.to_yaml(cfg) == before
+    assert [a.note for a in run.adopted] == [
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=4 sets layout.infer.tp (was 1)"]
+    assert run.cfg.layout.infer.tp == 4 and run.cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == 4
+    assert run.infer.tp == 4
+    with pytest.raises(Exception, match="read-only"):
+        run.cfg.layout.infer.tp = 2
+
+
+def test_validate_action_runs_verl_validator_once(tmp_path, monkeypatch, count_verl_validations, capsys):
+    monkeypatch.chdir(tmp_path)
+    run_recipe("grpo", ["action=validate", *CPU])
+    assert "config OK" in capsys.readouterr().out
+    assert len(count_verl_validations) == 1
+
+
+def test_saved_config_is_what_verl_receives(tmp_path, monkeypatch, count_verl_validations, capsys):
+    """action=train with verl's run_ppo stood in for: the config it gets equals resolved_config.yaml key by key."""
+    received = []
+    monkeypatch.setattr(api, "run_ppo", lambda cfg, task_runner_class=None: received.append(copy.deepcopy(cfg)))
+    monkeypatch.chdir(tmp_path)
+    run_recipe("grpo", ["trainer.total_training_steps=1", "monitor=off", *CPU])
+    assert len(received) == 1 and len(count_verl_validations) == 1
+    (run_dir,) = (tmp_path / "runs" / "grpo").iterdir()
+    saved = OmegaConf.to_container(OmegaConf.load(run_dir / "resolved_config.yaml"))
+    given = OmegaConf.to_container(received[0], resolve=True)
+    assert _flatten(saved) == _flatten(given)
+    # what finalize adds is in both: the file logger, the run folder's env for every worker
+    env = given["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]
+    assert env["VERL_FILE_LOGGER_PATH"] == str(run_dir / "metrics.jsonl") and "file" in given["trainer"]["logger"]
+
+
+def _flatten(node, prefix=""):
+    if isinstance(node, dict):
+        out = {}
+        for key, value in node.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): node}

@@ -1,0 +1,45 @@
+"""The redaction policy hides secrets and nothing else: no key of verl 0.9.1's tree or the pack's is redacted."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from recipes.compose import compose_recipe
+from recipes.redact import REDACTED, is_secret_name, redact_config
+
+LAYOUTS = [
+    ("grpo", ["parallel=tp2"]),
+    ("kl_ppo", ["parallel=tp2"]),
+    ("grpo", ["strategy=megatron", "parallel=tp8"]),
+    ("kl_ppo", ["strategy=megatron", "parallel=tp4pp2"]),
+    ("grpo", ["rollout=sglang", "logger=wandb"]),
+]
+
+
+def _leaf_keys(node, prefix=""):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _leaf_keys(value, f"{prefix}{key}.")
+    elif isinstance(node, list):
+        for item in node:
+            yield from _leaf_keys(item, prefix)
+    else:
+        yield prefix.rstrip(".")
+
+
+@pytest.mark.parametrize("recipe,overrides", LAYOUTS, ids=[" ".join([r, *o]) for r, o in LAYOUTS])
+def test_no_key_of_the_composed_tree_is_treated_as_a_secret(recipe, overrides):
+    container = OmegaConf.to_container(compose_recipe(recipe, overrides), resolve=False)
+    flagged = sorted({key for key in _leaf_keys(container) if is_secret_name(key)})
+    assert flagged == []
+    assert redact_config(container) == container  # no value of the shipped tree looks like a key either
+
+
+def test_secrets_of_every_kind_are_hidden_in_a_config():
+    cfg = {"trainer": {"wandb_key": "abc", "hub_token": "t"}, "logger": {"apiKey": 1},
+           "db": {"password": "pw", "url": "postgres://u:pw@host/db"}, "note": "hf_abcdefghijklmnopqrstuvwxyz"}
+    out = redact_config(cfg)
+    assert out["trainer"] == {"wandb_key": REDACTED, "hub_token": REDACTED}
+    assert out["logger"] == {"apiKey": REDACTED} and out["db"]["password"] == REDACTED
+    assert out["db"]["url"] == f"postgres://u:{REDACTED}@host/db" and out["note"] == REDACTED
