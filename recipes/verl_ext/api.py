@@ -22,11 +22,13 @@ def _quietly():
 
 
 def roles(cfg) -> tuple[bool, bool]:
-    """(uses a critic, uses a reference policy) as verl 0.9.1 decides them from the config."""
-    from verl.trainer.ppo.utils import need_critic, need_reference_policy
-
-    with _quietly():
-        return bool(need_critic(cfg)), bool(need_reference_policy(cfg))
+    """(uses a critic, uses a reference policy), decided as verl 0.9.1's ``need_critic`` and
+    ``need_reference_policy`` decide them (verl/trainer/ppo/utils.py). Written out here because importing that
+    module costs a third of a second of pandas and Ray; tests/recipes/verl_ext/test_api.py holds the two equal."""
+    critic = cfg.critic.enable
+    use_critic = bool(critic) if critic is not None else str(cfg.algorithm.adv_estimator) == "gae"
+    use_ref = bool(cfg.algorithm.get("use_kl_in_reward", False) or cfg.actor_rollout_ref.actor.use_kl_loss)
+    return use_critic, use_ref
 
 
 def validate_config(cfg, *, use_critic: bool, use_reference_policy: bool) -> None:
