@@ -1,8 +1,63 @@
-"""Shared fixtures: GPU tests skip without CUDA; every test gets its own PACK_DATA_DIR-independent run root."""
+"""Shared fixtures: GPU tests skip without CUDA; ``recipe_cli`` runs a recipe in a child process, as a user types it.
+
+Every test that starts ``python -m recipes.<name>`` goes through :func:`run_recipe_cli` (the ``recipe_cli`` fixture),
+so that each such run sees the same environment (:func:`checkout_env`).
+"""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+"""The checkout these tests belong to."""
+
+NOT_INHERITED = ("RAY_ADDRESS", "RAY_JOB_CONFIG_JSON_ENV_VAR")
+"""Left out of a child's environment, with the copied recipe's conf/ folder variable (``recipes.confdir.CONF_DIR_ENV``):
+set in the shell that started pytest, each would change what a recipe run does. RAY_ADDRESS (and a Ray Job's own
+config) make the run join that cluster instead of starting its own Ray; the conf/ folder variable makes it compose a
+copied recipe's conf/ instead of the checkout's."""
+
+
+def checkout_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment for a child that must run this checkout's code: without :data:`NOT_INHERITED`,
+    the checkout first on PYTHONPATH (an installed copy of the pack may be older; what PYTHONPATH held stays behind
+    it), then ``extra`` on top. Everything else passes through unchanged: the folder the tiny assets are cached in,
+    CUDA_VISIBLE_DEVICES, the shell's NCCL variables."""
+    from recipes.confdir import CONF_DIR_ENV  # lazy: loading this conftest needs no product module
+
+    env = {k: v for k, v in os.environ.items() if k not in (*NOT_INHERITED, CONF_DIR_ENV)}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env.update(extra or {})
+    return env
+
+
+def run_recipe_cli(
+    recipe: str | os.PathLike,
+    *args: str,
+    cwd: str | os.PathLike,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 600,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m recipes.<recipe> *args`` in ``cwd`` (where its runs/ folder goes) with :func:`checkout_env`
+    plus ``env``; return the finished process, stdout and stderr apart, as text. A path instead of a name runs that
+    script (a copied recipe's entry point, ``python DEST/kl_ppo.py``). A failed run is returned, not raised; a run
+    past ``timeout`` seconds raises ``subprocess.TimeoutExpired``."""
+    target = [str(recipe)] if isinstance(recipe, os.PathLike) else ["-m", f"recipes.{recipe}"]
+    return subprocess.run([sys.executable, *target, *args], cwd=cwd, env=checkout_env(env), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def recipe_cli():
+    """:func:`run_recipe_cli`: ``recipe_cli(recipe, *args, cwd=..., env=None, timeout=600) -> CompletedProcess``.
+    Session-scoped, so module-scoped fixtures (the end-to-end training runs) can use it too."""
+    return run_recipe_cli
 
 
 def pytest_collection_modifyitems(config, items):

@@ -16,7 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import ROOT, checkout_env
+
 MARKER = "KLPPO_TEST_RAY_CLUSTER"
 # logical resources: a CPU training job (1 rank) holds 1 GPU and 16 CPUs, validate jobs 1 CPU each
 NUM_CPUS, NUM_GPUS = 20, 2
@@ -75,14 +76,13 @@ def ray_cluster():
     # Ray's socket paths must stay short: a short folder under /tmp
     temp = Path(tempfile.mkdtemp(prefix="kr", dir="/tmp"))
     marker = uuid.uuid4().hex
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_JOB_CONFIG_JSON_ENV_VAR")}
-    env.update({
+    # the jobs it runs (python -m recipes....) get the head's environment: the same one as a recipe run in a test
+    env = checkout_env({
         MARKER: marker,
         # loopback only: Ray maps 127.0.0.1 to this host's outside address unless told it runs single-host
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
         "NODE_IP": "127.0.0.1", "DASHBOARD_HOST": "127.0.0.1", "RAY_PORT": str(gcs), "DASHBOARD_PORT": str(dashboard),
         "NUM_CPUS": str(NUM_CPUS), "NUM_GPUS": str(NUM_GPUS), "RAY_TEMP_DIR": str(temp),
-        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
     })
     worker_low = _free_ports(1)[0] // 100 * 100
     args = [f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent}",

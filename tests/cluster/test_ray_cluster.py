@@ -5,9 +5,6 @@ launcher=ray run that streams its log and returns the job's exit code."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,15 +15,7 @@ from recipes.compose import compose_recipe
 
 pytestmark = pytest.mark.ray
 
-ROOT = Path(__file__).resolve().parents[2]
 CPU = ["parallel=cpu", "cluster=cpu", "rollout=hf", "model=tiny", "task=tiny"]
-
-
-def _recipe(args: list[str], cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_JOB_CONFIG_JSON_ENV_VAR")}
-    env["PYTHONPATH"] = str(ROOT)
-    return subprocess.run([sys.executable, "-m", "recipes.grpo", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
 
 
 def test_cluster_resources(ray_cluster):
@@ -61,11 +50,11 @@ def test_nccl_map_reaches_a_ray_worker(ray_cluster, tmp_path):
 
 
 @pytest.mark.e2e
-def test_sweep_of_validate_and_cpu_training(ray_cluster, tmp_path):
+def test_sweep_of_validate_and_cpu_training(ray_cluster, tmp_path, recipe_cli):
     """The issue's 2-job sweep: action=validate and a 2-step CPU training, each its own Ray Job; both finish, results
     are collected in the sweep folder."""
-    proc = _recipe(["-m", "launcher=ray", f"launcher.address={ray_cluster.address}", "launcher.upload=false", *CPU,
-                    "action=validate,train", "trainer.total_training_steps=2"], tmp_path)
+    proc = recipe_cli("grpo", "-m", "launcher=ray", f"launcher.address={ray_cluster.address}", "launcher.upload=false",
+                      *CPU, "action=validate,train", "trainer.total_training_steps=2", cwd=tmp_path, timeout=900)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "Launching 2 jobs as Ray Jobs" in out
@@ -91,10 +80,11 @@ def test_sweep_of_validate_and_cpu_training(ray_cluster, tmp_path):
         assert json.loads((folder / "job.json").read_text())["status"] == "SUCCEEDED"
 
 
-def test_sweep_reports_failures_and_completes_the_others(ray_cluster, tmp_path):
+def test_sweep_reports_failures_and_completes_the_others(ray_cluster, tmp_path, recipe_cli):
     """4 jobs: one succeeds, one fails on the cluster (exit 127), two fail validation here and are not submitted."""
-    proc = _recipe(["-m", "launcher=ray", f"launcher.address={ray_cluster.address}", "launcher.upload=false", *CPU,
-                    "action=validate", "data.train_batch_size=8,7", "launcher.python=python,no_such_python"], tmp_path)
+    proc = recipe_cli("grpo", "-m", "launcher=ray", f"launcher.address={ray_cluster.address}", "launcher.upload=false",
+                      *CPU, "action=validate", "data.train_batch_size=8,7", "launcher.python=python,no_such_python",
+                      cwd=tmp_path, timeout=900)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-4000:]
     assert "sweep: 3 of 4 jobs did not succeed" in out and "Traceback" not in out
@@ -109,9 +99,9 @@ def test_sweep_reports_failures_and_completes_the_others(ray_cluster, tmp_path):
         assert json.loads((sweep / str(n) / "job.json").read_text())["status"] == "NOT_SUBMITTED"
 
 
-def test_single_run_streams_its_log_and_returns_the_exit_code(ray_cluster, tmp_path):
-    proc = _recipe(["launcher=ray", f"launcher.address={ray_cluster.address}", "launcher.upload=false", *CPU,
-                    "action=train", "launcher.python=no_such_python"], tmp_path)
+def test_single_run_streams_its_log_and_returns_the_exit_code(ray_cluster, tmp_path, recipe_cli):
+    proc = recipe_cli("grpo", "launcher=ray", f"launcher.address={ray_cluster.address}", "launcher.upload=false", *CPU,
+                      "action=train", "launcher.python=no_such_python", cwd=tmp_path, timeout=900)
     assert proc.returncode == 127, (proc.stdout + proc.stderr)[-3000:]
     assert "submitted Ray Job klppo_grpo_" in proc.stdout
     assert "no_such_python" in proc.stdout and "FAILED (exit code 127)" in proc.stdout

@@ -19,9 +19,6 @@ from the run folder's weight_sync.jsonl (one line per rank per sync, bytes measu
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +35,6 @@ from tests.e2e.checks import (
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
 REWARD = "critic/score/mean"
 
 
@@ -52,23 +48,9 @@ class Run:
         return [m[key] for m in self.metrics if key in m]
 
 
-def run(recipe: str, workdir: Path, *overrides: str, steps: int, env: dict | None = None) -> Run:
-    environ = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            f"recipes.{recipe}",
-            f"trainer.total_training_steps={steps}",
-            f"trainer.save_freq={steps}",
-            *overrides,
-        ],
-        cwd=workdir,
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+def run(recipe_cli, recipe: str, workdir: Path, *overrides: str, steps: int, env: dict | None = None) -> Run:
+    proc = recipe_cli(recipe, f"trainer.total_training_steps={steps}", f"trainer.save_freq={steps}", *overrides,
+                      cwd=workdir, env=env, timeout=900)
     folders = sorted((workdir / "runs" / recipe).glob("*/metrics.jsonl"))
     if proc.returncode != 0 or not folders:
         pytest.fail(f"{recipe} {overrides}: exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -78,25 +60,26 @@ def run(recipe: str, workdir: Path, *overrides: str, steps: int, env: dict | Non
 
 
 @pytest.fixture(scope="module")
-def grpo(tmp_path_factory) -> Run:
-    return run("grpo", tmp_path_factory.mktemp("grpo_ws1"), steps=12)
+def grpo(recipe_cli, tmp_path_factory) -> Run:
+    return run(recipe_cli, "grpo", tmp_path_factory.mktemp("grpo_ws1"), steps=12)
 
 
 @pytest.fixture(scope="module")
-def grpo_ws2(tmp_path_factory) -> Run:
+def grpo_ws2(recipe_cli, tmp_path_factory) -> Run:
     # the default at 2 ranks: one hf server for both (generation tp 2), only rank 0 feeds it
-    return run("grpo", tmp_path_factory.mktemp("grpo_ws2"), "cluster.gpus_per_node=2", steps=3)
+    return run(recipe_cli, "grpo", tmp_path_factory.mktemp("grpo_ws2"), "cluster.gpus_per_node=2", steps=3)
 
 
 @pytest.fixture(scope="module")
-def kl_ppo(tmp_path_factory) -> Run:
-    return run("kl_ppo", tmp_path_factory.mktemp("kl_ppo_ws1"), steps=4)
+def kl_ppo(recipe_cli, tmp_path_factory) -> Run:
+    return run(recipe_cli, "kl_ppo", tmp_path_factory.mktemp("kl_ppo_ws1"), steps=4)
 
 
 @pytest.fixture(scope="module")
-def kl_ppo_ws2(tmp_path_factory) -> Run:
+def kl_ppo_ws2(recipe_cli, tmp_path_factory) -> Run:
     # a server per rank (generation tp 1): both ranks feed one
-    return run("kl_ppo", tmp_path_factory.mktemp("kl_ppo_ws2"), "cluster.gpus_per_node=2", "layout.infer.tp=1", steps=3)
+    return run(recipe_cli, "kl_ppo", tmp_path_factory.mktemp("kl_ppo_ws2"), "cluster.gpus_per_node=2",
+               "layout.infer.tp=1", steps=3)
 
 
 def test_grpo_demo_learns_and_leaves_a_complete_run_folder(grpo):
@@ -140,8 +123,8 @@ def test_kl_ppo_world_size_2(kl_ppo_ws2):
     )
 
 
-def test_without_weight_sync_the_gap_grows(tmp_path):
-    result = run("grpo", tmp_path, steps=4, env={SYNC_WEIGHTS_ENV: "0"})
+def test_without_weight_sync_the_gap_grows(recipe_cli, tmp_path):
+    result = run(recipe_cli, "grpo", tmp_path, steps=4, env={SYNC_WEIGHTS_ENV: "0"})
     gaps = result.series(DIFF_MAX)
     assert gaps[0] < SYNCED_GAP, "before the first update the rollout and the actor hold the same weights"
     # from the second step on the rollout still holds the initial weights: every step sits far above the synced bound

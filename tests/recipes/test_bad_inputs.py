@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from recipes.launch import run_recipe
@@ -65,18 +60,9 @@ def test_bad_input_exits_2_with_one_line(recipe, argv, expected, capsys, tmp_pat
     assert not (tmp_path / "runs").exists(), "a bad input must not leave a run folder behind"
 
 
-def test_at_least_15_bad_inputs():
-    assert len(BAD) >= 15
-
-
-def _run(*args, cwd):
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    return subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-
-
-def test_real_process_bad_layout(tmp_path):
-    proc = _run("recipes.kl_ppo", "parallel=tp8pp4", "strategy=megatron", "cluster.nnodes=2", "action=validate",
-                cwd=tmp_path)
+def test_real_process_bad_layout(tmp_path, recipe_cli):
+    proc = recipe_cli("kl_ppo", "parallel=tp8pp4", "strategy=megatron", "cluster.nnodes=2", "action=validate",
+                      cwd=tmp_path, timeout=300)
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
         "config error: layout.train: dp=-1 needs tp(8)*pp(4)*cp(1)=32 to divide world_size 16 "
@@ -86,9 +72,9 @@ def test_real_process_bad_layout(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-def test_real_process_seed_layout_validates(tmp_path):
-    proc = _run("recipes.kl_ppo", "parallel=tp8pp4", "strategy=megatron", "cluster.nnodes=4", "action=validate",
-                cwd=tmp_path)
+def test_real_process_seed_layout_validates(tmp_path, recipe_cli):
+    proc = recipe_cli("kl_ppo", "parallel=tp8pp4", "strategy=megatron", "cluster.nnodes=4", "action=validate",
+                      cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr
     expected = "config OK: megatron train dp1 tp8 pp4 cp1 ep1 -> vllm infer tp4 pp1 x8 replicas on 4x8 h100_80g"
     assert expected in proc.stdout

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -17,7 +15,6 @@ from recipes.defaults import embedded_defaults
 from recipes.gitstate import git_state
 from recipes.redact import REDACTED, is_secret_name, redact_arg, redact_config, redact_env
 
-ROOT = Path(__file__).resolve().parents[2]
 CPU = embedded_defaults([], accelerator=False)  # parallel=cpu cluster=cpu rollout=hf model=tiny task=tiny
 
 
@@ -125,12 +122,11 @@ def test_collect_without_a_repository(tmp_path):
     assert data["git"] is None and data["env"] == {"HF_TOKEN": REDACTED}
 
 
-def test_validate_run_writes_bundle_with_secrets_redacted(tmp_path):
+def test_validate_run_writes_bundle_with_secrets_redacted(tmp_path, recipe_cli):
     """The real entry point: every action's run folder gets repro/ and nccl_env.json, planted secrets hidden."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), WANDB_API_KEY="planted-wandb-0123456789",
-               HF_TOKEN="hf_plantedplantedplantedplanted", TEAM_DEPLOY_TOKEN="planted-deploy")
-    proc = subprocess.run([sys.executable, "-m", "recipes.grpo", "action=validate", "kl=adaptive"], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=600)
+    secrets = {"WANDB_API_KEY": "planted-wandb-0123456789", "HF_TOKEN": "hf_plantedplantedplantedplanted",
+               "TEAM_DEPLOY_TOKEN": "planted-deploy"}
+    proc = recipe_cli("grpo", "action=validate", "kl=adaptive", cwd=tmp_path, env=secrets)
     assert proc.returncode == 0, proc.stderr[-2000:]
     (run,) = (tmp_path / "runs" / "grpo").iterdir()
     data = json.loads((run / "repro" / "bundle.json").read_text())

@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 from omegaconf import OmegaConf
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def test_multirun_validates_every_job(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run(
-        [sys.executable, "-m", "recipes.grpo", "-m", "kl=fixed,adaptive", "action=validate"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
-    )
+def test_multirun_validates_every_job(tmp_path, recipe_cli):
+    proc = recipe_cli("grpo", "-m", "kl=fixed,adaptive", "action=validate", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Launching 2 jobs locally" in proc.stdout + proc.stderr
     written = sorted((tmp_path / "runs" / "grpo").glob("multirun-*/*/resolved_config.yaml"))

@@ -4,11 +4,7 @@ fake Ray Jobs client (as many at once as the free resources allow, failures repo
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -31,7 +27,6 @@ from recipes.ray_jobs import (
     summary_table,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
 CPU = embedded_defaults([], accelerator=False)  # parallel=cpu cluster=cpu rollout=hf model=tiny task=tiny
 
 
@@ -201,19 +196,22 @@ def test_exit_codes():
     assert exit_code_of(SimpleNamespace(status="STOPPED", driver_exit_code=None)) == 130
 
 
-def test_launcher_ray_options_validate_but_train_needs_a_cluster(tmp_path):
+def test_launcher_ray_options_validate_but_train_needs_a_cluster(tmp_path, recipe_cli):
     """action=validate needs no cluster; action=train with nothing at the address fails with one line, exit 2,
     before a run folder exists."""
     port = _closed_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    env.pop("RAY_ADDRESS", None)
-    base = [sys.executable, "-m", "recipes.grpo", "launcher=ray", f"launcher.address=127.0.0.1:{port}", *CPU]
-    proc = subprocess.run([*base, "action=train"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    base = ["launcher=ray", f"launcher.address=127.0.0.1:{port}", *CPU]
+    proc = recipe_cli("grpo", *base, "action=train", cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if "config error" in line]
     assert errors == [f"config error: launcher.address: no Ray cluster answers at http://127.0.0.1:{port} "
                       f"(connection refused); start one with scripts/ray_head.sh, or set "
                       f"launcher.address=http://HEAD:8265"]
     assert not (tmp_path / "runs").exists()
+    proc = recipe_cli("grpo", *base, "action=validate", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "config OK" in proc.stdout
+    (resolved,) = (tmp_path / "runs" / "grpo").glob("*/resolved_config.yaml")
+    assert OmegaConf.load(resolved).launcher.name == "ray"
     cfg = OmegaConf.to_container(compose_recipe("grpo", CPU + ["launcher=ray"]).launcher, resolve=True)
     assert cfg["name"] == "ray" and cfg["upload"] is True

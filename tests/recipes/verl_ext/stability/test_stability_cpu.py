@@ -14,17 +14,12 @@ rollback: stability=auto, kl=ramp over 4 steps,     4    attempt 0 fails at step
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.slow]
-
-ROOT = Path(__file__).resolve().parents[4]
 
 
 @dataclass
@@ -37,13 +32,9 @@ class Run:
         return [r["data"] for r in self.rows if r["step"] == step][-1]
 
 
-def train(workdir: Path, *overrides: str, steps: int, save_freq: int) -> Run:
-    environ = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run(
-        [sys.executable, "-m", "recipes.grpo", f"trainer.total_training_steps={steps}",
-         f"trainer.save_freq={save_freq}", *overrides],
-        cwd=workdir, env=environ, capture_output=True, text=True, timeout=1500,
-    )
+def train(recipe_cli, workdir: Path, *overrides: str, steps: int, save_freq: int) -> Run:
+    proc = recipe_cli("grpo", f"trainer.total_training_steps={steps}", f"trainer.save_freq={save_freq}", *overrides,
+                      cwd=workdir, timeout=1500)
     folders = sorted((workdir / "runs" / "grpo").glob("*/metrics.jsonl"))
     if proc.returncode != 0 or not folders:
         pytest.fail(f"{overrides}: exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
@@ -52,15 +43,15 @@ def train(workdir: Path, *overrides: str, steps: int, save_freq: int) -> Run:
 
 
 @pytest.fixture(scope="module")
-def guard_run(tmp_path_factory) -> Run:
-    return train(tmp_path_factory.mktemp("guard"), "kl=adaptive", "actor_rollout_ref.actor.optim.lr=0.05",
+def guard_run(recipe_cli, tmp_path_factory) -> Run:
+    return train(recipe_cli, tmp_path_factory.mktemp("guard"), "kl=adaptive", "actor_rollout_ref.actor.optim.lr=0.05",
                  "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_epochs=2",
                  steps=2, save_freq=2)
 
 
 @pytest.fixture(scope="module")
-def rollback_run(tmp_path_factory) -> Run:
-    return train(tmp_path_factory.mktemp("rollback"), "stability=auto", "kl=ramp", "kl.ramp.steps=4",
+def rollback_run(recipe_cli, tmp_path_factory) -> Run:
+    return train(recipe_cli, tmp_path_factory.mktemp("rollback"), "stability=auto", "kl=ramp", "kl.ramp.steps=4",
                  "overlap=prefetch", "stability.inject.nan_at_step=3", steps=4, save_freq=2)
 
 
