@@ -34,7 +34,6 @@ import socket
 import statistics
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import torch
@@ -212,10 +211,8 @@ def planned(cfg) -> dict:
     from hybrid_engine.plan.memory import estimate_memory
     from recipes.plan import cluster_spec, plan_settings
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        settings = plan_settings(cfg)
-    settings = dataclasses.replace(settings, has_ref=False, has_critic=False, free_cache_engine=True)
+    settings = plan_settings(cfg, has_critic=False, has_ref=False)
+    settings = dataclasses.replace(settings, free_cache_engine=True)
     spec = build_spec(load_arch(str(cfg.model.name)))
     groups = hybrid_groups(TrainLayout(dp=1).resolve(1), InferLayout(tp=1).resolve(1), fsdp=True)
     memory = estimate_memory(spec, groups, cluster_spec(cfg), settings, spec.numel * 2)

@@ -9,10 +9,11 @@ import subprocess
 import pytest
 from omegaconf import OmegaConf
 
-from recipes.bundle import collect, write_bundle
+from recipes.bundle import collect, write_record
 from recipes.compose import compose_recipe
 from recipes.defaults import embedded_defaults
 from recipes.gitstate import git_state
+from recipes.nccl_env import worker_env
 from recipes.redact import REDACTED, is_secret_name, redact_arg, redact_config, redact_env
 
 CPU = embedded_defaults([], accelerator=False)  # parallel=cpu cluster=cpu rollout=hf model=tiny task=tiny
@@ -96,7 +97,8 @@ def test_write_bundle_files(tmp_path, monkeypatch):
     monkeypatch.setenv("PLANTED_TOKEN", "planted-token-value")
     monkeypatch.chdir(tmp_path)
     cfg = compose_recipe("grpo", CPU + ["nccl=debug"])
-    folder = write_bundle(tmp_path / "run", cfg, "grpo", overrides=["nccl=debug", "+logger.wandb.api_key=k"])
+    lines = write_record(tmp_path / "run", cfg, worker_env(cfg), "grpo", ["nccl=debug", "+logger.wandb.api_key=k"])
+    folder = tmp_path / "run" / "repro"
     data = json.loads((folder / "bundle.json").read_text())
     assert data["env"]["WANDB_API_KEY"] == REDACTED and data["env"]["PLANTED_TOKEN"] == REDACTED
     text = "".join(p.read_text() for p in (tmp_path / "run").rglob("*") if p.is_file())
@@ -109,11 +111,13 @@ def test_write_bundle_files(tmp_path, monkeypatch):
     rerun = (folder / "rerun.sh").read_text()
     assert f"cd {tmp_path}" in rerun and "python -m recipes.grpo nccl=debug" in rerun
     assert os.access(folder / "rerun.sh", os.X_OK)
-    config = OmegaConf.load(folder / "config.yaml")
+    assert data["config"] == "../resolved_config.yaml" and not (folder / "config.yaml").exists()
+    config = OmegaConf.load(tmp_path / "run" / "resolved_config.yaml")
     assert config.nccl.env.NCCL_DEBUG == "INFO" and "hydra" not in config
     nccl = json.loads((tmp_path / "run" / "nccl_env.json").read_text())
     assert nccl["env"]["NCCL_DEBUG"] == "INFO" and nccl["sources"]["NCCL_DEBUG"] == "nccl.env"
     assert any("NCCL_DEBUG" in line and "WARN" in line for line in data["nccl_env"]["conflicts"])
+    assert any(line.startswith("warning: nccl env: NCCL_DEBUG") for line in lines)
 
 
 def test_collect_without_a_repository(tmp_path):
@@ -136,4 +140,4 @@ def test_validate_run_writes_bundle_with_secrets_redacted(tmp_path, recipe_cli):
     for planted in ("planted-wandb", "hf_planted", "planted-deploy"):
         assert planted not in everything
     assert data["env"]["WANDB_API_KEY"] == data["env"]["HF_TOKEN"] == data["env"]["TEAM_DEPLOY_TOKEN"] == REDACTED
-    assert (run / "nccl_env.json").is_file() and (run / "repro" / "config.yaml").is_file()
+    assert (run / "nccl_env.json").is_file() and (run / "resolved_config.yaml").is_file()
