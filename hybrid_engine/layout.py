@@ -12,7 +12,7 @@ order string only tells where the expert grid puts it), so ``world = dp*tp*pp*cp
 The FSDP order ``cp-dp-tp-pp`` follows verl's FSDP workers, whose device mesh is ``("dp", "sp")`` with the Ulysses
 (context) axis fastest.
 
-Nothing here imports torch: the lead's config validation imports this module in the driver before anything starts.
+Nothing here imports torch: the recipes' config validation imports this module in the driver before anything starts.
 """
 
 from __future__ import annotations

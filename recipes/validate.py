@@ -189,7 +189,7 @@ def _check_token_budgets(cfg, train: TrainLayout, use_critic: bool, use_ref: boo
         elif budget * cp < 2 * seq:
             warnings.append(
                 f"{key}: {budget} * cp({cp}) = {budget * cp} tokens is below 2x prompt+response ({2 * seq}); "
-                f"the seed recommends 2 to 3x for balanced micro-batches"
+                f"the source article (blog.hotdry.top, 2025-12-02) recommends 2 to 3x for balanced micro-batches"
             )
 
 
