@@ -234,23 +234,26 @@ def _check_model(
                             f"{experts} % {layout.ep} = {experts % layout.ep}")
 
 
-def _offline_stand_in(cfg: DictConfig, arch: ModelArch | None) -> DictConfig:
+def _offline_stand_in(container: dict, arch: ModelArch | None) -> DictConfig | None:
     """A copy for verl's checks that reads the architecture from the shipped config.json instead of the hub.
 
     verl's HFModelConfig loads config and tokenizer from `path` while validating; when `path` is a hub id (weights
     not here yet) the check uses the pack's copy of the config and skips the tokenizer, so it runs offline.
+    ``container`` is the resolved config as plain containers; it is not changed (the copied path is new dicts).
+    None when every model path is a local folder: verl then checks the config itself.
     """
-    stand_in = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
     shipped = MODEL_CONFIG_DIR / str(arch.name) if arch is not None else None
     if shipped is None or not (shipped / "config.json").is_file():
-        return stand_in
-    for section in ("actor_rollout_ref.model", "critic.model"):
-        node = OmegaConf.select(stand_in, section)
-        if node is None or Path(str(node.path)).expanduser().is_dir():
+        return None
+    stand_in, changed = dict(container), False
+    for section in ("actor_rollout_ref", "critic"):
+        node = stand_in.get(section)
+        model = node.get("model") if isinstance(node, dict) else None
+        if model is None or Path(str(model.get("path"))).expanduser().is_dir():
             continue
-        node.hf_config_path = str(shipped)
-        node.load_tokenizer = False
-    return stand_in
+        stand_in[section] = {**node, "model": {**model, "hf_config_path": str(shipped), "load_tokenizer": False}}
+        changed = True
+    return OmegaConf.create(stand_in) if changed else None
 
 
 def _verl_checks(cfg: DictConfig, use_critic: bool, use_ref: bool, problems: list[str]) -> None:
@@ -276,9 +279,10 @@ def check(cfg: DictConfig, *, run_verl: bool = True) -> ValidatedRun:
     A pure function: ``cfg`` is not written to. verl layout keys typed directly are adopted into a copy (and come
     back as ``adopted``); the result's config is resolved and read-only.
     """
-    cfg = copy.deepcopy(cfg)
     adoptions, problems = find_adoptions(cfg)
-    adopt(cfg, adoptions)
+    if adoptions:
+        cfg = copy.deepcopy(cfg)  # the rest of the check only reads
+        adopt(cfg, adoptions)
     warnings: list[str] = [f"note: {a.note}" for a in adoptions if a.changed]
     world, world_desc = _world(cfg, problems)
     train_d = _fsdp_layout(cfg, _layout_dict(cfg, "layout.train", problems), problems)
@@ -296,11 +300,14 @@ def check(cfg: DictConfig, *, run_verl: bool = True) -> ValidatedRun:
         if arch is not None and infer is not None:
             strategy, rollout = OmegaConf.select(cfg, "strategy.name"), str(OmegaConf.select(cfg, "rollout.name"))
             _check_model(arch, train, infer, strategy, problems, warnings, rollout)
-    if not problems:
-        cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    if problems:
+        cfg = copy.deepcopy(cfg)  # handed on read-only: never the caller's own object
+    else:
+        container = OmegaConf.to_container(cfg, resolve=True)
+        cfg = OmegaConf.create(container)
         if run_verl:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
-            _verl_checks(_offline_stand_in(cfg, arch), use_critic, use_ref, problems)
+            _verl_checks(_offline_stand_in(container, arch) or cfg, use_critic, use_ref, problems)
     OmegaConf.set_readonly(cfg, True)
     return ValidatedRun(cfg=cfg, train=train, infer=infer, arch=arch, warnings=tuple(warnings),
                         problems=tuple(problems), adopted=tuple(adoptions), use_critic=use_critic, use_ref=use_ref)
