@@ -1,5 +1,8 @@
 """klppo-recipes: Hydra recipes for KL-PPO and GRPO on verl: ``python -m recipes.grpo`` / ``recipes.kl_ppo``."""
 
+import importlib.util
+import os
+
 
 def _expose_hydra_plugin() -> None:
     """Let Hydra find the pack's launcher plugin (hydra_plugins/klppo_launcher) in an editable install too.
@@ -8,13 +11,11 @@ def _expose_hydra_plugin() -> None:
     maps the package through an import hook that such a listing does not see (facebookresearch/hydra#2359). Add the
     plugin's real folder to the namespace path, as a plain list so later sys.path changes do not drop it.
     """
-    import importlib.util
-    import os
-
     try:
         spec = importlib.util.find_spec("hydra_plugins.klppo_launcher")
         if spec is None or not spec.origin:
             return
+        # lazy: find_spec has just imported it; inside the guard, so a broken plugin namespace never stops the import
         import hydra_plugins
 
         folder = os.path.dirname(os.path.dirname(spec.origin))

@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from recipes.confdir import entry_command
@@ -47,7 +48,7 @@ def versions() -> dict:
         except metadata.PackageNotFoundError:
             continue
     try:
-        import torch
+        import torch  # lazy: seconds to import, and only a run's record needs it (the CLI loads this module at start)
 
         out["torch"] = torch.__version__
         out["cuda"] = torch.version.cuda
@@ -64,8 +65,6 @@ def versions() -> dict:
 
 def _hydra_overrides() -> list[str] | None:
     try:
-        from hydra.core.hydra_config import HydraConfig
-
         if HydraConfig.initialized():
             return list(HydraConfig.get().overrides.task)
     except Exception:  # noqa: BLE001

@@ -86,10 +86,10 @@ def plot_metrics(metrics_path: Path, png_path: Path, title: str = "") -> Path | 
     rows = read_metrics(metrics_path)
     if not rows:
         return None
-    import matplotlib
+    import matplotlib  # lazy: slow to import, and only the end-of-run plot needs it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: must follow matplotlib.use("Agg") (no display on a training node)
 
     panels = [("reward", REWARD_KEYS), ("KL", KL_KEYS), ("entropy", ENTROPY_KEYS)]
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))

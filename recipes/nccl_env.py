@@ -148,7 +148,7 @@ def _uses_megatron(cfg: DictConfig) -> bool:
 
 def _device_major() -> int | None:
     try:
-        import torch
+        import torch  # lazy: seconds to import; the CLI loads this module at start, only the CUDA probe needs it
 
         if torch.cuda.is_available():
             return torch.cuda.get_device_capability()[0]
@@ -160,7 +160,7 @@ def _device_major() -> int | None:
 def nccl_version() -> str | None:
     """The NCCL torch was built with (CUDA builds only)."""
     try:
-        import torch
+        import torch  # lazy: seconds to import; the CLI loads this module at start, only the CUDA probe needs it
 
         if torch.cuda.is_available():
             version = torch.cuda.nccl.version()
@@ -258,9 +258,7 @@ def worker_env(cfg: DictConfig, environ: Mapping[str, str] | None = None, *,
                                      f"{env[key]!r} wins ({OVERRIDE_JOB_ENV}=1)")
 
     try:
-        import verl
-
-        verl_version = verl.__version__
+        verl_version = verl.installed_version()
     except Exception:  # noqa: BLE001
         verl_version = None
     if verl_version and verl_version != VERL_VERSION:
@@ -293,7 +291,7 @@ def summary(record: WorkerEnv) -> str:
 
 
 def _probe_runner_class():
-    import ray
+    import ray  # lazy: seconds to import, and only --probe starts a Ray worker
 
     @ray.remote(num_cpus=0)
     class ProbeRunner:

@@ -16,6 +16,7 @@ Sweeps: :func:`run_sweep` submits each job as its own Ray Job and keeps as many 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import logging
@@ -29,11 +30,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from recipes.confdir import entry_command
 from recipes.defaults import GPU_INTENT
 from recipes.errors import ConfigError
+from recipes.nccl_env import pack_env
 from recipes.overrides import chosen_keys, override_key
 from recipes.redact import redact_env
 
@@ -67,6 +70,7 @@ def dashboard_url(address: str | None) -> str:
 def _enable_token_auth_if_available() -> None:
     """Ray >= 2.5x clusters may require the token of ~/.ray/auth_token (or $RAY_AUTH_TOKEN); send it when there."""
     try:
+        # lazy: Ray costs seconds and only launcher=ray reaches this; a private module that older Ray lacks
         from ray._private.authentication.authentication_token_setup import (
             maybe_enable_token_auth_if_token_available,
         )
@@ -87,7 +91,7 @@ def connect(address: str | None):
     """A JobSubmissionClient for the cluster; ConfigError with one line when nothing answers there."""
     url = dashboard_url(address)
     _enable_token_auth_if_available()
-    from ray.job_submission import JobSubmissionClient
+    from ray.job_submission import JobSubmissionClient  # lazy: Ray costs seconds; only launcher=ray connects
 
     try:
         return JobSubmissionClient(url)
@@ -187,8 +191,6 @@ def entrypoint(recipe: str, overrides: Sequence[str], launcher: DictConfig, laun
 
 def job_runtime_env(cfg: DictConfig, launch_dir: Path) -> dict:
     """The Ray Job's runtime env: working folder (uploaded), pip, and the env map for the job's driver."""
-    from recipes.nccl_env import pack_env
-
     launcher = cfg.launcher
     env = {**BASE_JOB_ENV, **pack_env(cfg)}
     extra = OmegaConf.select(launcher, "env_vars", default=None)
@@ -504,7 +506,7 @@ def summary_table(results: Sequence[JobResult]) -> str:
 
 def wait_for_nodes(address: str, nodes: int, timeout_s: float = 300.0, poll_s: float = 2.0) -> int:
     """Block until ``nodes`` Ray nodes are alive in the cluster at ``address`` (GCS HOST:PORT); their count."""
-    import ray
+    import ray  # lazy: seconds to import; the CLI loads this module at start, only the `wait` command needs Ray
 
     deadline = time.monotonic() + timeout_s
     alive = 0
@@ -520,8 +522,6 @@ def wait_for_nodes(address: str, nodes: int, timeout_s: float = 300.0, poll_s: f
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     parser = argparse.ArgumentParser(prog="python -m recipes.ray_jobs")
     sub = parser.add_subparsers(dest="command", required=True)
     res = sub.add_parser("resources", help="total and free CPUs/GPUs of a cluster (Ray Jobs API address)")
@@ -558,8 +558,6 @@ def preflight(cfg: DictConfig) -> None:
 
 def submit_from_hydra(cfg: DictConfig, run_dir: str | os.PathLike) -> int:
     """The launch flow's call for ``launcher=ray action=train``: submit this Hydra job's run; its exit code."""
-    from hydra.core.hydra_config import HydraConfig
-
     hydra_cfg = HydraConfig.get()
     return submit_run(cfg, hydra_cfg.job.config_name, list(hydra_cfg.overrides.task), Path(run_dir),
                       hydra_cfg.runtime.choices.get("cluster"))

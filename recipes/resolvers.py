@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 _ASSET_FIELDS = {
@@ -44,8 +45,6 @@ def _nccl_env(env, megatron_env, strategy: str) -> dict:
 
 def _run_dir() -> str:
     """Hydra's output folder of this run; outside a Hydra run (tests, compose API) a fixed placeholder."""
-    from hydra.core.hydra_config import HydraConfig
-
     if HydraConfig.initialized():
         return str(HydraConfig.get().runtime.output_dir)
     return os.path.join("runs", "compose")
@@ -55,6 +54,7 @@ def _asset(key: str) -> str:
     """A path of the tiny asset set under $KLPPO_DATA_DIR; the set is built locally the first time (~2 s)."""
     if key not in _ASSET_FIELDS:
         raise ValueError(f"pack.asset: unknown asset {key!r}; choose from {sorted(_ASSET_FIELDS)}")
+    # lazy: the CLI loads the resolvers at start; only a config that names a tiny asset needs the builder (~6 ms)
     from recipes.verl_ext.demo import ensure_tiny_assets
 
     return str(getattr(ensure_tiny_assets(), _ASSET_FIELDS[key]))

@@ -21,6 +21,13 @@ def _quietly():
     return stack
 
 
+def installed_version() -> str:
+    """``verl.__version__`` of the verl this process imports (raises whatever importing verl raises)."""
+    import verl  # lazy: seconds to import; callers on the CLI's start-up path ask only when they record a run
+
+    return verl.__version__
+
+
 def roles(cfg) -> tuple[bool, bool]:
     """(uses a critic, uses a reference policy), decided as verl 0.9.1's ``need_critic`` and
     ``need_reference_policy`` decide them (verl/trainer/ppo/utils.py). Written out here because importing that
@@ -33,8 +40,8 @@ def roles(cfg) -> tuple[bool, bool]:
 
 def validate_config(cfg, *, use_critic: bool, use_reference_policy: bool) -> None:
     """verl's own ``validate_config`` and the dataclass conversions its workers do first; raises verl's errors."""
-    from verl.utils.config import omega_conf_to_dataclass
-    from verl.utils.config import validate_config as verl_validate_config
+    from verl.utils.config import omega_conf_to_dataclass  # lazy: import verl costs seconds
+    from verl.utils.config import validate_config as verl_validate_config  # lazy: import verl costs seconds
 
     with _quietly():
         verl_validate_config(config=cfg, use_reference_policy=use_reference_policy, use_critic=use_critic)
@@ -44,7 +51,7 @@ def validate_config(cfg, *, use_critic: bool, use_reference_policy: bool) -> Non
 
 def detected_device(cfg) -> str | None:
     """The ``trainer.device`` verl's ``auto_set_device`` would set on this machine (None: it keeps the config's)."""
-    from verl.utils.device import get_platform
+    from verl.utils.device import get_platform  # lazy: import verl costs seconds
 
     detected = get_platform().device_name
     current = cfg.trainer.device
@@ -53,21 +60,21 @@ def detected_device(cfg) -> str | None:
 
 def ppo_ray_runtime_env(cfg) -> dict:
     """verl's ``get_ppo_ray_runtime_env``: the runtime env its ``run_ppo`` gives ray.init (reads os.environ)."""
-    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
+    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env  # lazy: import verl costs seconds
 
     return dict(get_ppo_ray_runtime_env(cfg))
 
 
 def run_ppo(cfg, task_runner_class=None) -> None:
     """verl's ``run_ppo`` with its v1 task runner (``trainer.use_v1``) or the legacy one; or a given runner class."""
-    from verl.trainer.main_ppo import TaskRunnerV1
-    from verl.trainer.main_ppo import run_ppo as verl_run_ppo
+    from verl.trainer.main_ppo import TaskRunnerV1  # lazy: import verl costs seconds
+    from verl.trainer.main_ppo import run_ppo as verl_run_ppo  # lazy: import verl costs seconds
 
     if task_runner_class is None:
         if cfg.trainer.use_v1:
             task_runner_class = TaskRunnerV1
         else:
-            from verl.trainer.main_ppo_v0 import TaskRunner
+            from verl.trainer.main_ppo_v0 import TaskRunner  # lazy: only the legacy trainer (trainer.use_v1=false)
 
             task_runner_class = TaskRunner
     verl_run_ppo(cfg, task_runner_class=task_runner_class)

@@ -31,6 +31,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
 from hybrid_engine.model_spec import MODEL_CONFIG_DIR
 from recipes import envvars
 from recipes.verl_ext.demo import reward as _reward
@@ -167,8 +169,7 @@ def _corpus(rng: random.Random) -> list[str]:
 
 
 def _build_tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # lazy: seconds to import, only a first build needs it
 
     vocab_size = _model_config()["vocab_size"]
     bpe = Tokenizer(models.BPE())
@@ -197,8 +198,8 @@ def _build_tokenizer():
 
 
 def _build_model(model_dir: Path, vocab_size: int) -> None:
-    import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    import torch  # lazy: seconds to import, only a first build needs it
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM  # lazy: seconds, only a first build
 
     config = Qwen2Config(**{k: v for k, v in _model_config().items() if k not in ("architectures", "model_type")})
     assert config.vocab_size >= vocab_size
@@ -226,7 +227,7 @@ def _rows(rng: random.Random, n: int, split: str) -> list[dict]:
 
 
 def _build_data(paths: TinyAssets) -> None:
-    import pandas as pd
+    import pandas as pd  # lazy: a quarter of a second to import, only a first build writes the parquet files
 
     paths.train_parquet.parent.mkdir(parents=True, exist_ok=True)
     rng = random.Random(_SEED + 1)

@@ -23,13 +23,16 @@ from __future__ import annotations
 import logging
 import os
 
+from verl.plugin.platform import PlatformRegistry
+
+from recipes.verl_ext.plugin import patches
 from recipes.verl_ext.plugin.patches import (
     SUPPORTED_VERL,
     UnsupportedVerlError,
     installed_verl_version,
     require_supported_verl,
 )
-from recipes.verl_ext.plugin.platform import PLATFORM_NAME, cpu_platform_wanted
+from recipes.verl_ext.plugin.platform import PLATFORM_NAME, PlatformCPU, cpu_platform_wanted
 
 __all__ = [
     "SUPPORTED_VERL",
@@ -44,6 +47,7 @@ logger = logging.getLogger(__name__)
 
 
 def _load_hf_replica():
+    # lazy: verl imports the plugin in every process; only one that builds an hf replica needs verl's rollout stack
     from recipes.verl_ext.plugin.hf_rollout import HFReplica
 
     return HFReplica
@@ -57,8 +61,6 @@ def install() -> None:
         logger.error("%s", error)  # verl swallows plugin import errors at debug level: say it out loud first
         raise
 
-    from recipes.verl_ext.plugin import patches
-
     patches.apply_rollout_patches()
     patches.when_imported(
         "verl.workers.rollout.replica",
@@ -67,10 +69,6 @@ def install() -> None:
 
     if not cpu_platform_wanted():
         return
-    from verl.plugin.platform import PlatformRegistry
-
-    from recipes.verl_ext.plugin.platform import PlatformCPU
-
     if PlatformRegistry.get(PLATFORM_NAME) is not PlatformCPU:
         PlatformRegistry.register(platform=PLATFORM_NAME)(PlatformCPU)
     os.environ.setdefault("VERL_PLATFORM", PLATFORM_NAME)

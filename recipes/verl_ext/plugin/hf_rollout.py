@@ -31,6 +31,8 @@ from typing import Any
 
 import ray
 import torch
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from transformers import AutoModelForCausalLM, GenerationConfig
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
@@ -86,8 +88,6 @@ class HFServer:
     """Token-in/token-out generation with an HF model, shaped like verl's vLLM server actor."""
 
     def __init__(self, config, model_config, replica_rank: int = 0) -> None:
-        from transformers import AutoModelForCausalLM
-
         self.config = omega_conf_to_dataclass(config)
         self.model_config = omega_conf_to_dataclass(model_config)
         self.replica_rank = replica_rank
@@ -177,8 +177,6 @@ class HFServer:
     @torch.no_grad()
     def _generate_batch(self, prompts: list[list[int]], key: tuple) -> list[tuple[list[int], list[float] | None, Any]]:
         """Left-pad, generate, cut each row after its first eos: ``(token_ids, log_probs, weight version)`` per row."""
-        from transformers import GenerationConfig
-
         max_new_tokens, temperature, top_p, top_k, want_logprobs = key
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
@@ -292,8 +290,6 @@ class HFReplica(RolloutReplica):
         self.server_class = ray.remote(HFServer)
 
     async def launch_servers(self) -> None:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
         if self.workers:
             node_id = await self.workers[0].__ray_call__.remote(lambda worker: ray.get_runtime_context().get_node_id())
         else:

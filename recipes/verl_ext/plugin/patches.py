@@ -65,7 +65,7 @@ def installed_verl_version() -> str:
     try:
         return importlib.metadata.version("verl")
     except importlib.metadata.PackageNotFoundError:
-        import verl
+        import verl  # lazy: only the fallback for a verl without package metadata needs it
 
         return verl.__version__
 
@@ -144,7 +144,10 @@ def _register_hf_adapter(base_module) -> None:
 
 def _register_cpu_engines(engine_package) -> None:
     require_supported_verl()
+    # lazy: a patch, run once verl.workers.engine is imported; at the top it would import the engines in every process
     from verl.workers.engine.base import EngineRegistry
+
+    # lazy: the FSDP engines pull in transformers and peft (seconds); only this patch, on the CPU platform, needs them
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead, FSDPEngineWithValueHead
 
     for model_type, engine_cls in (("language_model", FSDPEngineWithLMHead), ("value_model", FSDPEngineWithValueHead)):
@@ -190,6 +193,7 @@ def _sdpa_value_model(model_utils) -> None:
 
     @functools.wraps(original)
     def load_valuehead_model(local_path, torch_dtype, model_config, trust_remote_code):
+        # lazy: half a second in every process that imports verl; only the critic's model load needs it
         from transformers import AutoModelForTokenClassification
 
         # verl's first choice (a token-classification head with one label), with sdpa instead of flash-attention.
@@ -214,6 +218,7 @@ def _sharded_weight_export(transformer_impl) -> None:
 
     @functools.wraps(original)
     def get_per_tensor_param(self, *args, **kwargs):
+        # lazy: verl imports this module in every process; only one whose FSDP engine exports weights needs it
         from recipes.verl_ext.plugin.weight_sync import export_sharded
 
         per_tensor_param, peft_config = original(self, *args, **kwargs)

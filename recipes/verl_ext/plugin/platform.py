@@ -15,6 +15,7 @@ from types import ModuleType
 from typing import Any
 
 import torch
+from verl.plugin.platform import PlatformBase
 
 import recipes.verl_ext.plugin.cpu_device as cpu_device
 
@@ -48,13 +49,7 @@ def cpu_platform_wanted() -> bool:
     return accelerator_build() is None
 
 
-def _base():
-    from verl.plugin.platform import PlatformBase
-
-    return PlatformBase
-
-
-class PlatformCPU(_base()):
+class PlatformCPU(PlatformBase):
     """verl's platform interface on the CPU. Profiling hooks are no-ops; ``cudart`` is None."""
 
     @property

@@ -27,6 +27,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
 import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from recipes import envvars
 
@@ -65,12 +67,14 @@ def export_sharded(engine, per_tensor_param):
 
     Wrapped only for a plain FSDP2 module: no LoRA (its adapter path is verl's), no QAT (the rollout must get the
     quantised tensors) and no parameter offload to the host (the executor moves device tensors in place)."""
+    # lazy: ~50 ms; train.py imports this module for read_sync_log, only an FSDP weight export needs the resharder
     from hybrid_engine.reshard import ShardedWeights
 
     if not _SHARDED_EXPORT:
         return per_tensor_param
+    # lazy: a second to import; train.py imports this module for read_sync_log, only an hf rollout's export needs it
     from verl.utils.fsdp_utils import fsdp_version
-    from verl.utils.model import convert_weight_keys
+    from verl.utils.model import convert_weight_keys  # lazy: a second to import, only an hf rollout's export needs it
 
     module = engine.module
     inner = getattr(module, "_fsdp_wrapped_module", module)
@@ -129,8 +133,6 @@ def _dtensor_bytes(state_dict) -> tuple[int, int]:
     """(model bytes, bytes verl's ``full_tensor()`` path receives on this rank) over a state dict of DTensors.
 
     The model counts a tied tensor once; verl's path gathers every state-dict entry, a tied lm_head included."""
-    from torch.distributed.tensor import DTensor
-
     total = lacking = 0
     seen: set[int] = set()
     for value in state_dict.values():
@@ -184,8 +186,7 @@ def open_weight_stream(
     ``weights``: what the actor's engine exported (:class:`ShardedWeights`, or any ``(name, tensor)`` iterable).
     ``feeder``: this rank hands the weights to a rollout server. ``bucket_bytes``: full bytes of the tensors moved
     per round (verl's ``rollout.update_weights_bucket_megabytes``); None: the resharder's default."""
-    import torch.distributed as dist
-
+    # lazy: ~50 ms; train.py imports this module for read_sync_log, only a weight sync needs the resharder
     from hybrid_engine.reshard import ShardedWeights, rollout_weight_stream
 
     record = SyncRecord(

@@ -31,11 +31,13 @@ HOOKS_MODULE = "recipes.verl_ext.stability.verl_hooks"
 def supervise(cfg, run_dir: Path, runner: Callable, metrics_path: Path, out=print) -> None:
     """Run ``runner(cfg)`` (verl's run_ppo) under the bands monitor; with ``stability.mode=auto`` under the
     rollback supervisor (attempts in child processes; ``runner`` must be a module-level function)."""
+    # lazy: the CLI loads this package at start (validate reads .entropy); the monitor is for training only (~2 ms)
     from recipes.verl_ext.stability.bands import BandMonitor, bands_from_config
 
     mode = str((cfg.get("stability") or {}).get("mode", "off"))
     with BandMonitor(metrics_path, bands_from_config(cfg), run_dir, out=out):
         if mode == "auto":
+            # lazy: as bands above, and only stability.mode=auto runs the supervisor (~2 ms, multiprocessing)
             from recipes.verl_ext.stability.rollback import Supervisor
 
             Supervisor(cfg, run_dir, runner, out=out).run()

@@ -20,6 +20,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from recipes.monitor import read_metrics
+
 SIDES = ("low", "high")
 
 
@@ -199,8 +201,6 @@ class BandMonitor:
         self.tally.write(self.run_dir)
 
     def _flush(self):
-        from recipes.monitor import read_metrics
-
         rows = read_metrics(self.path)
         for step, metrics in rows[self._seen:]:
             for v in self.tally.add(step, metrics):

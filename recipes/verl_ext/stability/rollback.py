@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import time
 import traceback
 from collections.abc import Callable
@@ -111,8 +112,6 @@ def checkpoints(folder: Path) -> list[int]:
 
 def _attempt_main(container: dict, fault_path: str, runner: Callable) -> None:
     """Child process: rebuild the config, run verl, write the failure (if any) for the parent."""
-    import os
-
     cfg = OmegaConf.create(container)
     metrics = OmegaConf.select(cfg, f"{ENV_VARS}.{LOGGER_ENV}", default=None)
     if metrics:

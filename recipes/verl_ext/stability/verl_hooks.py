@@ -23,6 +23,9 @@ from __future__ import annotations
 import functools
 import logging
 
+import torch
+import torch.distributed as dist
+
 from recipes.verl_ext.plugin.patches import require_supported_verl, when_imported
 from recipes.verl_ext.stability.guard import GUARD_KEY, KL_COEF_KEY, KL_METRIC, KLGuard, scalar
 
@@ -44,6 +47,7 @@ _current = _Update()
 
 def _register_trainer(v1_package) -> None:
     require_supported_verl()
+    # lazy: a hook, run once verl.trainer.ppo.v1 is imported; the trainer module subclasses verl's v1 trainer
     from recipes.verl_ext.stability.trainer import StabilityTrainer
 
     if v1_package.trainer_base.TRAINER_REGISTRY.get(TRAINER_MODE) is not StabilityTrainer:
@@ -62,9 +66,6 @@ def _set_kl_loss_coef(loss_fn, coef: float) -> None:
 
 
 def _stop_everywhere(stop: bool) -> bool:
-    import torch
-    import torch.distributed as dist
-
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return stop
     flag = torch.tensor([1.0 if stop else 0.0])  # a CPU tensor: gloo on the CPU, the cpu:gloo half of cpu+cuda

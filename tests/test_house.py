@@ -1,0 +1,240 @@
+"""House rules for the imports of ``recipes/``, checked statically (nothing is imported).
+
+* every import statement inside a function or method says why it is lazy: a comment containing ``lazy:`` on its line
+  or on the line just above it (start-up time of the CLI, an import only some processes may do, an import that must
+  wait until verl is imported, an optional dependency); every other import sits at the top of its file;
+* the modules of ``recipes`` import each other without cycles (module-level and function-level imports alike);
+* only ``recipes/verl_ext/`` imports verl; the rest of the pack reaches it through ``recipes.verl_ext.api``.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import tokenize
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "recipes"
+VERL_ROOM = PACKAGE / "verl_ext"
+LAZY_MARK = "lazy:"
+
+# Function-level imports without a `lazy:` comment, in files that other work is changing right now and that this
+# rule's fix did not touch: path -> statements (as ast.unparse writes them). Remove an entry once its owner moves the
+# import to the top or says why it is lazy; add nothing here for a file you own.
+PENDING: dict[str, list[str]] = {
+    "recipes/verl_ext/demo/run.py": [
+        "from recipes.verl_ext.plugin import cpu_overrides",
+    ],
+    "recipes/verl_ext/plugin/cpu_overrides.py": [
+        "from hydra.core.global_hydra import GlobalHydra",
+        "from hydra import compose, initialize_config_module",
+        "from recipes.confdir import conf_dir, recipe_defaults",
+        "from recipes.defaults import EMBEDDED_DEFAULTS",
+        "from omegaconf import OmegaConf",
+        "from recipes.confdir import config_defaults",
+        "from recipes.compose import compose_recipe",
+        "from recipes.defaults import embedded_defaults",
+        "from recipes.confdir import conf_dir, included_files",
+    ],
+}
+
+
+def _sources() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+# -- (a) function-level imports say why they are lazy -----------------------------------------------------------------
+
+
+def _comment_lines(source: str, marker: str) -> set[int]:
+    """Line numbers of the comments of ``source`` that contain ``marker`` (comments only, not strings)."""
+    tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+    return {tok.start[0] for tok in tokens if tok.type == tokenize.COMMENT and marker in tok.string}
+
+
+def _function_level_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement inside a function or method (at any depth, also in a class defined in a function)."""
+    found: list[ast.Import | ast.ImportFrom] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.Import, ast.ImportFrom)) and in_function:
+                found.append(child)
+            visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    visit(tree, False)
+    return sorted(found, key=lambda node: node.lineno)
+
+
+def _unexplained_lazy_imports(source: str) -> list[tuple[int, str]]:
+    """``(line, statement)`` of each function-level import of ``source`` with no ``lazy:`` comment on its line or on
+    the line just above it."""
+    marked = _comment_lines(source, LAZY_MARK)
+    return [
+        (node.lineno, ast.unparse(node))
+        for node in _function_level_imports(ast.parse(source))
+        if node.lineno not in marked and node.lineno - 1 not in marked
+    ]
+
+
+def _violations() -> dict[str, list[tuple[int, str]]]:
+    found = {}
+    for path in _sources():
+        unexplained = _unexplained_lazy_imports(path.read_text())
+        if unexplained:
+            found[_rel(path)] = unexplained
+    return found
+
+
+def test_function_level_imports_say_why_they_are_lazy():
+    listed = [
+        f"{path}:{line}: {statement}"
+        for path, found in _violations().items()
+        for line, statement in found
+        if statement not in PENDING.get(path, [])
+    ]
+    assert not listed, (
+        "import inside a function without a `# lazy: <why>` comment on its line or the line above "
+        "(move it to the top of the file, or say why it must wait):\n" + "\n".join(listed)
+    )
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("import os\ndef f():\n    import json\n", [(3, "import json")]),
+        ("def f():\n    import json  # lazy: only here\n", []),
+        ("def f():\n    # lazy: only here\n    from json import dumps\n", []),
+        ("def f():\n    # lazy: only here\n\n    import json\n", [(4, "import json")]),
+        ("def f():\n    s = '# lazy: in a string'; import json\n", [(2, "import json")]),
+        ("class A:\n    def m(self):\n        from . import b\n", [(3, "from . import b")]),
+        ("def f():\n    class B:\n        import json\n", [(3, "import json")]),
+        ("async def f():\n    if True:\n        import json\n", [(3, "import json")]),
+        ("try:\n    import json\nexcept ImportError:\n    json = None\nclass A:\n    import os\n", []),
+    ],
+)
+def test_the_lazy_checker(source, expected):
+    assert _unexplained_lazy_imports(source) == expected
+
+
+# -- the import graph among recipes.* ----------------------------------------------------------------------------------
+
+
+def _imported_modules(source: str, module: str, is_package: bool, known: set[str]) -> list[tuple[int, str]]:
+    """``(line, module)`` of every import of ``source`` (anywhere in it), relative imports resolved.
+
+    ``from a import b`` counts as importing ``a.b`` when that is one of the ``known`` modules, else ``a``; a literal
+    ``importlib.import_module("a")`` / ``__import__("a")`` counts as importing ``a``.
+    """
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    names: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                if node.level - 1 >= len(package):
+                    raise AssertionError(f"{module}:{node.lineno}: relative import beyond the top-level package")
+                base = ".".join(package[: len(package) - (node.level - 1)])
+                parent = f"{base}.{node.module}" if node.module else base
+            else:
+                parent = node.module
+            for alias in node.names:
+                child = f"{parent}.{alias.name}"
+                names.append((node.lineno, child if child in known else parent))
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if called in ("import_module", "__import__") and isinstance(node.args[0].value, str):
+                names.append((node.lineno, node.args[0].value))
+    return names
+
+
+def _graph() -> dict[str, set[str]]:
+    paths = {_module_name(path): path for path in _sources()}
+    known = set(paths)
+    graph = {}
+    for module, path in paths.items():
+        found = _imported_modules(path.read_text(), module, path.name == "__init__.py", known)
+        graph[module] = {name for _, name in found if name in known}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every elementary cycle of ``graph``, each starting at its smallest module and closed: ``[a, b, a]``."""
+    cycles = []
+    order = sorted(graph)
+    for start in order:
+        allowed = {node for node in order if node >= start}
+        stack = [(start, [start])]
+        while stack:
+            node, path = stack.pop()
+            for nxt in sorted(graph.get(node, ()), reverse=True):
+                if nxt == start:
+                    cycles.append([*path, start])
+                elif nxt in allowed and nxt not in path:
+                    stack.append((nxt, [*path, nxt]))
+    return sorted(cycles)
+
+
+def test_the_graph_covers_the_package():
+    graph = _graph()
+    assert {"recipes", "recipes.launch", "recipes.verl_ext.api", "recipes.verl_ext.plugin"} <= set(graph)
+    assert "recipes.verl_ext.api" in graph["recipes.nccl_env"]
+
+
+def test_recipes_has_no_import_cycles():
+    cycles = _cycles(_graph())
+    assert not cycles, "import cycles among recipes.*:\n" + "\n".join(" -> ".join(cycle) for cycle in cycles)
+
+
+@pytest.mark.parametrize(
+    ("source", "module", "is_package", "expected"),
+    [
+        ("from recipes.verl_ext import api", "recipes.nccl_env", False, "recipes.verl_ext.api"),
+        ("from recipes.compose import compose_recipe", "recipes.train", False, "recipes.compose"),
+        ("from recipes.verl_ext import nothing", "recipes.train", False, "recipes.verl_ext"),
+        ("def f():\n    from ..stability import guard", "recipes.verl_ext.plugin.patches", False,
+         "recipes.verl_ext.stability.guard"),
+        ("from . import api", "recipes.verl_ext", True, "recipes.verl_ext.api"),
+        ("from .api import roles", "recipes.verl_ext", True, "recipes.verl_ext.api"),
+        ("import verl.utils", "recipes.train", False, "verl.utils"),
+        ("importlib.import_module('verl')", "recipes.train", False, "verl"),
+    ],
+)
+def test_the_graph_checker_sees_every_kind_of_import(source, module, is_package, expected):
+    known = {"recipes.verl_ext", "recipes.verl_ext.api", "recipes.compose", "recipes.verl_ext.stability.guard"}
+    assert expected in [name for _, name in _imported_modules(source, module, is_package, known)]
+
+
+def test_the_cycle_finder():
+    graph = {"a": {"b"}, "b": {"a", "c"}, "c": {"c"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "a"], ["c", "c"]]
+
+
+# -- only recipes/verl_ext/ touches verl ------------------------------------------------------------------------------
+
+
+def test_only_verl_ext_touches_verl():
+    known = {_module_name(path) for path in _sources()}
+    found = []
+    for path in _sources():
+        if path.is_relative_to(VERL_ROOM):
+            continue
+        module = _module_name(path)
+        for line, name in _imported_modules(path.read_text(), module, path.name == "__init__.py", known):
+            if name == "verl" or name.startswith("verl."):
+                found.append(f"{_rel(path)}:{line}: imports {name}")
+    assert not found, "outside recipes/verl_ext/, reach verl through recipes.verl_ext.api:\n" + "\n".join(found)
