@@ -546,10 +546,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if alive >= args.nodes else 1
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def preflight(cfg: DictConfig) -> None:
     """Before Hydra makes a run folder: with launcher=ray and action=train the cluster must answer (one line if not)."""
     if OmegaConf.select(cfg, "launcher.name") == "ray" and OmegaConf.select(cfg, "action") == "train":
@@ -561,3 +557,7 @@ def submit_from_hydra(cfg: DictConfig, run_dir: str | os.PathLike) -> int:
     hydra_cfg = HydraConfig.get()
     return submit_run(cfg, hydra_cfg.job.config_name, list(hydra_cfg.overrides.task), Path(run_dir),
                       hydra_cfg.runtime.choices.get("cluster"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
