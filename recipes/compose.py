@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from recipes.confdir import conf_dir, group_options, pack_groups
 from recipes.errors import ConfigError
-from recipes.overrides import override_key
+from recipes.overrides import override_key, override_value
 from recipes.resolvers import register_resolvers
 
 RECIPES = ("grpo", "kl_ppo")
@@ -23,6 +23,11 @@ def compose_recipe(recipe: str, overrides: list[str] | None = None) -> DictConfi
         raise ConfigError(f"recipe: unknown recipe {recipe!r}; choose from {', '.join(RECIPES)}")
     register_resolvers()
     overrides = list(overrides or [])
+    for arg in overrides:
+        # a group's files starting with `_` are shared parts of its options (cluster/_node.yaml), not options
+        group, option = override_key(arg), override_value(arg).strip()
+        if option.startswith("_") and group in pack_groups() and not arg.startswith("~"):
+            raise ConfigError(f"{group}={option}: no such option; choose from {', '.join(group_options(group))}")
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None, job_name=recipe):
             return compose(config_name=recipe, overrides=overrides)

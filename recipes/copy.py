@@ -1,10 +1,13 @@
 """Copy a recipe into a team repository: ``python -m recipes.copy kl_ppo DEST [--only-used] [group=option ...]``.
 
-DEST gets ``kl_ppo.py`` (the entry point), ``conf/kl_ppo.yaml`` (the primary config) and ``conf/<group>/*.yaml``: every
-option of every group (so ``kl=adaptive`` keeps working there), or with ``--only-used`` just the options the primary
-config and the embedded CPU default choose. ``group=option`` arguments become the copy's defaults (its defaults list
-is rewritten in place, comments kept). The copy needs the pack installed (``pip install klppo-recipes``) and nothing
-else: ``python DEST/kl_ppo.py action=validate`` composes and validates from DEST's own conf/, and edits there win.
+DEST gets ``kl_ppo.py`` (the entry point), ``conf/kl_ppo.yaml`` (the primary config) with the files it includes
+(``conf/_base.yaml``, the shared values; ``conf/_groups.yaml``, the groups' defaults) and ``conf/<group>/*.yaml``: every
+option of every group (so ``kl=adaptive`` keeps working there), or with ``--only-used`` just the options the recipe's
+defaults and the embedded CPU default choose, with the files those include (``cluster/_node.yaml``, ``strategy/fsdp2``
+under ``fsdp``). ``group=option`` arguments become the copy's defaults (the ``- group: option`` lines of its defaults
+list, in ``conf/_groups.yaml``, are rewritten in place, comments kept). The copy needs the pack installed
+(``pip install klppo-recipes``) and nothing else: ``python DEST/kl_ppo.py action=validate`` composes and validates from
+DEST's own conf/, and edits there win.
 """
 
 from __future__ import annotations
@@ -18,10 +21,8 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 from recipes.compose import RECIPES
-from recipes.confdir import CONF_DIR_ENV, conf_dir, group_options, pack_groups
+from recipes.confdir import CONF_DIR_ENV, conf_dir, group_options, included_files, pack_groups, recipe_defaults
 from recipes.defaults import EMBEDDED_DEFAULTS
 from recipes.gitstate import git_state
 
@@ -35,7 +36,8 @@ ENTRY_POINT = '''"""{title}: a copy of klppo-recipes' `{recipe}` recipe ({origin
     python {recipe}.py -m kl=fixed,adaptive action=validate
 
 Runs the pack's launch flow (compose, validate, plan, train with verl) on the config tree beside this file: edit
-conf/{recipe}.yaml and conf/<group>/<option>.yaml here. Needs the pack installed: pip install klppo-recipes.
+conf/{recipe}.yaml, conf/_base.yaml (values under it), conf/_groups.yaml (the defaults) and conf/<group>/<option>.yaml
+here. Needs the pack installed: pip install klppo-recipes.
 """
 
 import os
@@ -50,26 +52,21 @@ if __name__ == "__main__":
 '''
 
 
-def _defaults(primary: Path) -> dict[str, str | None]:
-    """group -> option of the primary config's defaults list (verl's own entries and _self_ left out)."""
-    raw = OmegaConf.to_container(OmegaConf.load(primary)).get("defaults", [])
-    chosen = {}
-    for entry in raw:
-        if isinstance(entry, dict):
-            for group, option in entry.items():
-                chosen[str(group)] = None if option is None else str(option)
-    return chosen
-
-
-def _rewrite_defaults(text: str, choices: dict[str, str]) -> str:
-    """The primary config's text with `- group: option` lines of the defaults list replaced (comments stay)."""
+def _rewrite_defaults(texts: dict[str, str], choices: dict[str, str]) -> dict[str, str]:
+    """The texts of the primary config and the files it includes (name -> text), with the `- group: option` line of
+    each chosen group replaced in the file whose defaults list holds it (comments stay)."""
+    texts = dict(texts)
     for group, option in choices.items():
         value = f'"{option}"' if option in ("off", "on", "yes", "no", "null", "true", "false") else option
         pattern = re.compile(rf"^(\s*-\s*){re.escape(group)}:\s*\S.*$", re.MULTILINE)
-        text, count = pattern.subn(lambda m, g=group, v=value: f"{m.group(1)}{g}: {v}", text, count=1)
-        if not count:
+        for name, text in texts.items():
+            text, count = pattern.subn(lambda m, g=group, v=value: f"{m.group(1)}{g}: {v}", text, count=1)
+            if count:
+                texts[name] = text
+                break
+        else:
             raise ValueError(f"{group}: not in the primary config's defaults list")
-    return text
+    return texts
 
 
 def _source_origin() -> tuple[str, str | None]:
@@ -100,9 +97,13 @@ def copy_recipe(recipe: str, dest: str | Path, *, only_used: bool = False, choic
         raise FileExistsError(f"{target_conf} exists and is not empty (pass --force to overwrite)")
     target_conf.mkdir(parents=True, exist_ok=True)
 
-    primary_text = _rewrite_defaults((source / f"{recipe}.yaml").read_text(), choices)
-    (target_conf / f"{recipe}.yaml").write_text(primary_text)
-    used = {g: o for g, o in _defaults(target_conf / f"{recipe}.yaml").items() if o is not None}
+    # the primary config and the files of conf/ it includes (_base, _groups), with the choices written in
+    primary = source / f"{recipe}.yaml"
+    top = [primary, *included_files(primary)]
+    texts = _rewrite_defaults({path.name: path.read_text() for path in top}, choices)
+    for name, text in texts.items():
+        (target_conf / name).write_text(text)
+    used = {g: o for g, o in recipe_defaults(recipe, target_conf).items() if o is not None}
     used.update(choices)
     copied: dict[str, list[str]] = {}
     for group in groups:
@@ -117,9 +118,14 @@ def copy_recipe(recipe: str, dest: str | Path, *, only_used: bool = False, choic
         if not wanted:
             continue
         (target_conf / group).mkdir(exist_ok=True)
+        files = []
         for option in sorted(wanted):
-            shutil.copy2(source / group / f"{option}.yaml", target_conf / group / f"{option}.yaml")
-        copied[group] = sorted(wanted)
+            path = source / group / f"{option}.yaml"
+            # with the files of the group that it includes (cluster/_node.yaml; strategy/fsdp2.yaml under fsdp)
+            files.extend(p for p in [*included_files(path), path] if p not in files)
+        for path in files:
+            shutil.copy2(path, target_conf / group / path.name)
+        copied[group] = sorted(p.stem for p in files if p.stem in group_options(group))
     for extra in ("__init__.py",):
         if (source / extra).is_file():
             shutil.copy2(source / extra, target_conf / extra)

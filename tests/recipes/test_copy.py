@@ -12,7 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from recipes.confdir import CONF_DIR_ENV, entry_command, group_options, pack_groups
-from recipes.copy import copy_recipe, main
+from recipes.copy import MARKER, copy_recipe, main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,11 +28,15 @@ def test_copy_every_option(tmp_path):
     dest = tmp_path / "team_repo" / "rl"
     entry = copy_recipe("kl_ppo", dest)
     assert entry == dest / "kl_ppo.py"
-    assert (dest / "conf" / "kl_ppo.yaml").read_text() == (ROOT / "conf" / "kl_ppo.yaml").read_text()
+    # the primary config and the shared files it includes, unchanged
+    for name in ("kl_ppo.yaml", "_base.yaml", "_groups.yaml"):
+        assert (dest / "conf" / name).read_text() == (ROOT / "conf" / name).read_text(), name
     assert not (dest / "conf" / "grpo.yaml").exists()
     for group in pack_groups():
-        copied = sorted(p.stem for p in (dest / "conf" / group).glob("*.yaml"))
+        copied = sorted(p.stem for p in (dest / "conf" / group).glob("*.yaml") if not p.stem.startswith("_"))
         assert copied == group_options(group), group
+    # the shared part of the cluster options comes along; it is not an option
+    assert (dest / "conf" / "cluster" / "_node.yaml").is_file() and "_node" not in group_options("cluster")
     marker = json.loads((dest / ".klppo-copy.json").read_text())
     assert marker["recipe"] == "kl_ppo" and marker["pack_version"] and marker["only_used"] is False
     with pytest.raises(FileExistsError):
@@ -62,9 +66,11 @@ def test_copied_recipe_composes_and_validates_from_its_folder(tmp_path):
 def test_copy_with_choices_rewrites_the_defaults(tmp_path):
     dest = tmp_path / "rl"
     assert main(["grpo", str(dest), "--only-used", "parallel=tp8", "strategy=megatron", "nccl=ib"]) == 0
-    text = (dest / "conf" / "grpo.yaml").read_text()
+    # the groups' defaults live in _groups.yaml: rewritten there, the primary config copied as it is
+    text = (dest / "conf" / "_groups.yaml").read_text()
     assert "  - parallel: tp8\n" in text and "  - strategy: megatron\n" in text and "  - nccl: ib\n" in text
     assert "# training backend: fsdp | fsdp2 | megatron" in text  # comments kept
+    assert (dest / "conf" / "grpo.yaml").read_text() == (ROOT / "conf" / "grpo.yaml").read_text()
     assert sorted(p.stem for p in (dest / "conf" / "parallel").glob("*.yaml")) == ["cpu", "tp8"]
     assert sorted(p.stem for p in (dest / "conf" / "launcher").glob("*.yaml")) == ["local", "ray"]
     assert not (dest / "conf" / "experiment").exists()
@@ -74,6 +80,24 @@ def test_copy_with_choices_rewrites_the_defaults(tmp_path):
     # the default nccl choice of the copy reaches every worker's env
     (run,) = (tmp_path / "runs" / "grpo").iterdir()
     assert json.loads((run / "nccl_env.json").read_text())["env"]["NCCL_IB_HCA"] == "mlx5_0"
+
+
+def test_only_used_copies_what_an_option_includes(tmp_path):
+    """strategy=fsdp is a delta of fsdp2, the GPU clusters share cluster/_node.yaml: both come along."""
+    dest = tmp_path / "rl"
+    assert main(["kl_ppo", str(dest), "--only-used", "strategy=fsdp", "cluster=a100_80g", "nccl=nvlink"]) == 0
+    conf = dest / "conf"
+    assert sorted(p.stem for p in (conf / "strategy").glob("*.yaml")) == ["fsdp", "fsdp2"]
+    assert sorted(p.stem for p in (conf / "cluster").glob("*.yaml")) == ["_node", "a100_80g", "cpu"]
+    marker = json.loads((dest / MARKER).read_text())
+    assert marker["groups"]["strategy"] == ["fsdp", "fsdp2"] and marker["groups"]["cluster"] == ["a100_80g", "cpu"]
+    env = {k: v for k, v in os.environ.items() if k != CONF_DIR_ENV}
+    env[CONF_DIR_ENV] = str(conf)
+    probe = ("from recipes.compose import compose_recipe; c = compose_recipe('kl_ppo', []); print(c.strategy.name, "
+             "c.critic.strategy, c.cluster.gpu.name, c.cluster.world_size, c.nccl.env.NCCL_IB_DISABLE)")
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["fsdp", "fsdp", "a100_80g", "8", "1"]
 
 
 def test_copy_refuses_bad_input(tmp_path, capsys):
