@@ -3,7 +3,7 @@
 On a machine without GPUs, a command line that describes no layout gets the embedded default: verl's trainer on
 this machine's CPU cores, with the tiny model and task built locally. These are group choices only: the values
 themselves live in conf/ (``parallel/cpu.yaml``, ``cluster/cpu.yaml``, ``rollout/hf.yaml``, ``model/tiny.yaml``,
-``task/tiny.yaml``).
+``task/tiny.yaml``), and ``recipes.verl_ext.plugin.cpu_overrides`` reads its plain verl overrides from there too.
 """
 
 from __future__ import annotations

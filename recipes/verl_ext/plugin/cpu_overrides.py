@@ -1,122 +1,74 @@
 """The verl overrides that run ``python -m verl.trainer.main_ppo`` on the CPU with the tiny assets.
 
-Every key is verl's own dotted key (verl 0.9.1, ``verl/trainer/config/ppo_trainer.yaml``); a leading ``+`` marks a
-key that verl's tree does not declare (Hydra must add it). Values holding ``{model_dir}``, ``{train_parquet}``,
-``{val_parquet}``, ``{reward_py}``, ``{reward_fn}`` are filled from :class:`recipes.verl_ext.demo.TinyAssets` by
-:func:`cli_overrides`. The groups say which conf group option each key belongs to (``parallel=cpu``,
-``rollout=hf``, ``model=tiny``, ``data=tiny``); :data:`GRPO_DEMO`, :data:`KL_PPO_DEMO` and :func:`world_size`
-are the deltas of the demo runs.
+They are not written here: they are read from the recipes' embedded CPU default, the one place that holds them.
+The recipe (``conf/grpo.yaml``) is composed with the embedded default's options (``parallel=cpu``, ``cluster=cpu``,
+``rollout=hf``, ``model=tiny``, ``task=tiny``, see :mod:`recipes.defaults`) and its default ``strategy`` (fsdp2: verl
+would otherwise take FSDP1, which refuses modules on the CPU). The keys are every verl key that those options' files
+set (with the files they include, e.g. ``cluster/_node.yaml``), plus the verl keys the recipes route from those files'
+keys (``trainer.n_gpus_per_node: ${cluster.gpus_per_node}``, ``actor_rollout_ref.rollout.tensor_model_parallel_size:
+${layout.infer.tp}``, ``critic.model.path: ${actor_rollout_ref.model.path}``); each takes its value in the recipe's
+resolved config. Keys whose value is verl's own default already are left out (they would change nothing); a
+leading ``+`` marks a key that verl 0.9.1's tree (``verl/trainer/config/ppo_trainer.yaml``) does not declare, so
+Hydra must add it. The tiny assets' paths stay placeholders, ``{model_dir}``, ``{train_parquet}``, ``{val_parquet}``,
+``{reward_py}``, filled from :class:`recipes.verl_ext.demo.TinyAssets` by :func:`cli_overrides`. The reason for each
+key is the comment beside it in its conf file (:data:`ORIGINS` names the file).
 
-Checked end to end by ``tests/e2e/test_verl_cpu.py`` (GRPO world size 2, KL-PPO with a critic), and kept in step
-with the recipes' embedded default (``conf/cluster/cpu.yaml`` and friends) by
-``tests/recipes/test_cpu_overrides_agree.py``: every key here has the same value in the recipes' resolved config.
+:data:`CPU_VERL_OVERRIDES` (all keys, in order, with the demo run's own settings last), :data:`GROUPS` (the same,
+per conf option), :data:`ORIGINS` and :func:`world_size` are computed on first use (two Hydra compositions, a few
+seconds). :data:`GRPO_DEMO` and :data:`KL_PPO_DEMO` are the deltas of the two demo runs, and the demo's own settings
+(:data:`DEMO_RUN`: steps, logging, no checkpoints, the prompt order) are the only values kept here.
+
+Checked end to end by ``tests/e2e/test_verl_cpu.py`` (GRPO world size 2, KL-PPO with a critic), and against both
+recipes' resolved configs by ``tests/recipes/test_cpu_overrides_agree.py``.
 """
 
 from __future__ import annotations
 
+import re
+from contextlib import contextmanager
+from functools import cache
+from pathlib import Path
 from typing import Any
+
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+
+from recipes.compose import compose_recipe
+from recipes.confdir import conf_dir, config_defaults, included_files, recipe_defaults
+from recipes.defaults import EMBEDDED_DEFAULTS, embedded_defaults
 
 __all__ = [
     "CPU_VERL_OVERRIDES",
-    "GRPO_DEMO",
+    "DEMO_RUN",
     "GROUPS",
+    "GRPO_DEMO",
     "KL_PPO_DEMO",
+    "ORIGINS",
     "cli_overrides",
     "world_size",
 ]
 
-_FP32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+# computed on first use by the module's __getattr__ (importing this module composes nothing)
+CPU_VERL_OVERRIDES: dict[str, Any]
+"""Every derived key, then :data:`DEMO_RUN`, in order: what ``main_ppo`` needs on the CPU with the tiny assets."""
+GROUPS: dict[str, dict[str, Any]]
+"""The same keys per conf option they come from (``"cluster=cpu"``, ``"task=tiny"``, ...), and ``"demo run"``."""
+ORIGINS: dict[str, Path]
+"""bare key -> the conf file that sets it (the option's file, or ``conf/_base.yaml`` for a routed key)."""
 
-PARALLEL_CPU: dict[str, Any] = {
-    # The CPU platform (registered by the plugin) names the device "cpu"; verl would otherwise keep "cuda".
-    "trainer.device": "cpu",
-    # One process per (logical) GPU; world size 1. world_size(n) changes this and the next key together.
-    "trainer.n_gpus_per_node": 1,
-    "trainer.nnodes": 1,
-    # verl places every worker on a Ray "GPU" bundle; on the CPU those are logical GPUs declared at ray.init.
-    "+ray_kwargs.ray_init.num_gpus": 1,
-    # Each worker bundle reserves max_colocate_count=3 logical CPUs; declare enough for the bundles and the helper
-    # actors (Ray only uses the number for scheduling, the cores are what they are).
-    "ray_kwargs.ray_init.num_cpus": 16,
-    # The dashboard is a dozen Python processes; on 2 cores their start-up delays every actor's.
-    "+ray_kwargs.ray_init.include_dashboard": False,
-    # FSDP1 refuses modules on the CPU; FSDP2 (fully_shard) runs over gloo.
-    "actor_rollout_ref.actor.strategy": "fsdp2",
-    "critic.strategy": "fsdp2",
-    # Compute in fp32 like the hf rollout does: with verl's default bf16 params the rollout/actor gap is
-    # max|dp| ~1e-4 and KL ~1e-3 per step, against ~1e-8 in fp32 (measured on the tiny model).
-    "+actor_rollout_ref.actor.fsdp_config.mixed_precision": _FP32,
-    "+actor_rollout_ref.ref.fsdp_config.mixed_precision": _FP32,
-    "+critic.fsdp.mixed_precision": _FP32,
-    "actor_rollout_ref.ref.fsdp_config.model_dtype": "fp32",
-    # torch.compile would JIT C++ kernels (inductor) at start-up for ops that take microseconds at this size.
-    "actor_rollout_ref.actor.use_torch_compile": False,
-    "actor_rollout_ref.actor.fsdp_config.use_torch_compile": False,
-    "actor_rollout_ref.ref.fsdp_config.use_torch_compile": False,
-    "critic.fsdp.use_torch_compile": False,
-    # Packed (remove-padding) batches need flash-attention's varlen kernels; padded batches work with sdpa.
-    "actor_rollout_ref.model.use_remove_padding": False,
-    "critic.model.use_remove_padding": False,
-    # flash_attention_2 is verl's default attention and does not exist on the CPU.
-    "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
-    "+critic.model.override_config.attn_implementation": "sdpa",
-    # Recomputing activations saves GPU memory; on a tiny model it only costs time.
-    "actor_rollout_ref.model.enable_gradient_checkpointing": False,
-    "critic.model.enable_gradient_checkpointing": False,
-    # TransferQueue (the v1 trainer's data plane): one storage unit instead of 8 processes.
-    "transfer_queue.backend.SimpleStorage.num_data_storage_units": 1,
-    # Fewer helper processes: each Ray process imports verl (seconds of CPU on a 2-core machine).
-    "actor_rollout_ref.rollout.agent.num_workers": 1,
-    "reward.num_workers": 1,
-    "data.dataloader_num_workers": 0,
-    # The v1 replay buffer polls TransferQueue every 2 s (sized for GPU rollouts); a tiny rollout takes ~0.1 s.
-    # verl's custom-sampler hook swaps in the same buffer with a 20 ms poll.
-    "trainer.v1.sampler.custom_sampler.path": "pkg://recipes.verl_ext.plugin.replay_buffer",
-    "trainer.v1.sampler.custom_sampler.name": "FastPollReplayBuffer",
-}
+# the recipe composed for the values; the groups' values win over the primary's, so either recipe gives the same
+_RECIPE = "grpo"
+# the recipe's default strategy is part of the CPU setup (FSDP2 runs over gloo; verl's default FSDP1 does not)
+_ALSO_FROM = ("strategy",)
+# ${pack.asset:KEY} -> the field of TinyAssets it names (as recipes.resolvers does); the list holds "{field}" and
+# cli_overrides fills it from the assets it is given
+_ASSET_FIELDS = {"model": "model_dir", "train": "train_parquet", "val": "val_parquet", "reward": "reward_py"}
+_ASSET = re.compile(r"^\$\{pack\.asset:(\w+)\}$")
+_ROUTE = re.compile(r"^\$\{([A-Za-z_][\w]*(?:\.[\w]+)*)\}$")
 
-ROLLOUT_HF: dict[str, Any] = {
-    # The plugin's HF-transformers rollout (recipes.verl_ext.plugin.hf_rollout).
-    "actor_rollout_ref.rollout.name": "hf",
-    # Ranks per hf server (it does not shard; rank 0 of each replica feeds it). world_size(n) sets n: one server.
-    "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
-    # Nothing to free between generation and training on the CPU.
-    "actor_rollout_ref.rollout.free_cache_engine": False,
-    # Ask the server for log-probs so verl reports training/rollout_probs_diff_* (rollout vs actor).
-    "actor_rollout_ref.rollout.calculate_log_probs": True,
-}
-
-MODEL_TINY: dict[str, Any] = {
-    # The random Qwen2-family model and its tokenizer, built locally by recipes.verl_ext.demo.
-    "actor_rollout_ref.model.path": "{model_dir}",
-    "critic.model.path": "{model_dir}",
-    # A tiny random model learns at rates that would wreck a pretrained one: over 20 GRPO steps the mean reward goes
-    # 0.13 -> 0.21 at lr 2e-3 and 0.13 -> 0.78 at 1e-2 (the format part of the reward: all digits).
-    "actor_rollout_ref.actor.optim.lr": 1e-2,
-    "critic.optim.lr": 1e-2,
-}
-
-DATA_TINY: dict[str, Any] = {
-    # The synthetic "a+b=" task in verl's RL parquet format, and its rule-based reward.
-    "data.train_files": "{train_parquet}",
-    "data.val_files": "{val_parquet}",
-    "reward.custom_reward_function.path": "{reward_py}",
-    "reward.custom_reward_function.name": "{reward_fn}",
-    # Fixed prompt order (verl shuffles with an unseeded generator when data.seed is null).
-    "data.seed": 0,
-    # ChatML prompts are ~12 tokens; a short response budget keeps a step well under a second of generation.
-    "data.max_prompt_length": 32,
-    "data.max_response_length": 16,
-    # 8 prompts x rollout.n samples per step, one PPO mini-batch.
-    "data.train_batch_size": 8,
-    "actor_rollout_ref.actor.ppo_mini_batch_size": 8,
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 16,
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 16,
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 16,
-    "critic.ppo_micro_batch_size_per_gpu": 16,
-}
-
-TRAINER_DEMO: dict[str, Any] = {
+DEMO_RUN: dict[str, Any] = {
+    # the demo's length, logging and bookkeeping (the recipes' task/tiny trains 20 steps and checkpoints at the end)
     "trainer.total_training_steps": 20,
     "trainer.total_epochs": 1,
     "trainer.logger": ["console", "file"],
@@ -126,18 +78,9 @@ TRAINER_DEMO: dict[str, Any] = {
     "trainer.resume_mode": "disable",
     "trainer.project_name": "klppo_cpu",
     "trainer.experiment_name": "tiny",
+    # the plain verl demo's fixed prompt order (its measured figures use it; the recipes' task/tiny uses seed 1)
+    "data.seed": 0,
 }
-
-GROUPS: dict[str, dict[str, Any]] = {
-    "parallel=cpu": PARALLEL_CPU,
-    "rollout=hf": ROLLOUT_HF,
-    "model=tiny": MODEL_TINY,
-    "data=tiny": DATA_TINY,
-    "trainer (demo)": TRAINER_DEMO,
-}
-
-CPU_VERL_OVERRIDES: dict[str, Any] = {key: value for group in GROUPS.values() for key, value in group.items()}
-"""All of the above, in order: what ``main_ppo`` needs on the CPU with the tiny assets."""
 
 GRPO_DEMO: dict[str, Any] = {
     "algorithm.adv_estimator": "grpo",
@@ -165,17 +108,223 @@ KL_PPO_DEMO: dict[str, Any] = {
 }
 
 
+# ---- reading the conf files ---------------------------------------------------------------------------------------
+
+
+@contextmanager
+def _own_hydra():
+    """Room for this module's compositions where Hydra is initialized already (a caller composing verl's tree with
+    the list, inside ``initialize_config_dir``): the caller's Hydra is put aside and back."""
+    outer = GlobalHydra.instance()
+    saved = outer.hydra if outer.is_initialized() else None
+    outer.clear()
+    try:
+        yield
+    finally:
+        current = GlobalHydra.instance()  # Hydra's initialize_* contexts swap the singleton on exit
+        current.clear()
+        if saved is not None:
+            current.initialize(saved)
+
+
+@cache
+def _verl_tree():
+    """verl's own trainer config, composed bare (what ``main_ppo`` starts from)."""
+    with _own_hydra(), initialize_config_module(config_module="verl.trainer.config", version_base=None):
+        return compose(config_name="ppo_trainer")
+
+
+def _sources() -> list[tuple[str, Path]]:
+    """(``group=option``, file) of the options the CPU values come from, in the recipes' defaults order."""
+    chosen = recipe_defaults(_RECIPE)
+    wanted = {group: chosen[group] for group in _ALSO_FROM} | EMBEDDED_DEFAULTS
+    order = list(chosen)
+    return [
+        (f"{group}={wanted[group]}", conf_dir() / group / f"{wanted[group]}.yaml")
+        for group in sorted(wanted, key=order.index)
+    ]
+
+
+def _file_values(path: Path) -> list[tuple[dict, Path]]:
+    """The values of one option file and of the files of its group it includes, in merge order."""
+    entries = config_defaults(path)
+    if "_self_" not in entries:
+        entries.append("_self_")
+    parts: list[tuple[dict, Path]] = []
+    for entry in entries:
+        if entry == "_self_":
+            own = OmegaConf.to_container(OmegaConf.load(path)) or {}
+            own.pop("defaults", None)
+            parts.append((own, path))
+        elif isinstance(entry, str) and (path.parent / f"{entry}.yaml").is_file():
+            parts.extend(_file_values(path.parent / f"{entry}.yaml"))
+    return parts
+
+
+def _leaves(values: dict, prefix: str = ""):
+    for key, value in values.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            yield from _leaves(value, f"{dotted}.")
+        else:
+            yield dotted
+
+
+def _verl_keys(values: dict, tree: dict, prefix: str = ""):
+    """(dotted key, declared by verl) of every verl key in `values`: down to the leaves where verl declares the path,
+    the whole subtree as one key where it does not (``+...mixed_precision={...}``)."""
+    for key, value in values.items():
+        dotted = f"{prefix}{key}"
+        if key not in tree:
+            yield dotted, False
+        elif isinstance(value, dict) and value and isinstance(tree[key], dict):
+            yield from _verl_keys(value, tree[key], f"{dotted}.")
+        else:
+            yield dotted, True
+
+
+def _same(a, b) -> bool:
+    return type(a) is type(b) and a == b
+
+
+@cache
+def _recipe_values(extra: tuple[str, ...]):
+    """The recipe composed with the embedded CPU default (and `extra`), the tiny assets' paths as placeholders."""
+    with _own_hydra():
+        composed = compose_recipe(_RECIPE, embedded_defaults([], accelerator=False) + list(extra))
+    raw = OmegaConf.to_container(composed)
+
+    def placeholders(node):
+        if isinstance(node, dict):
+            return {key: placeholders(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [placeholders(value) for value in node]
+        match = _ASSET.match(node) if isinstance(node, str) else None
+        return f"{{{_ASSET_FIELDS[match.group(1)]}}}" if match else node
+
+    return raw, OmegaConf.create(placeholders(raw))
+
+
+def _value(cfg, key: str):
+    node = OmegaConf.select(cfg, key)
+    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+
+
+@cache
+def _derived() -> tuple[dict[str, dict[str, str]], dict[str, bool], dict[str, Path]]:
+    """label -> {bare key: spelled key}, bare key -> declared by verl, bare key -> the conf file that sets it."""
+    tree = OmegaConf.to_container(_verl_tree())
+    keys: dict[str, tuple[str, bool]] = {}  # bare key -> (label, declared); a later option's key wins
+    origins: dict[str, Path] = {}
+    set_by: dict[str, tuple[str, Path]] = {}  # every leaf the options set, verl's or the pack's -> (label, file)
+    for label, path in _sources():
+        for values, source in _file_values(path):
+            for leaf in _leaves(values):
+                set_by[leaf] = (label, source)
+            for key, declared in _verl_keys({k: v for k, v in values.items() if k in tree}, tree):
+                keys.pop(key, None)
+                keys[key] = (label, declared)
+                origins[key] = source
+    # the verl keys the recipes set to one of those keys (trainer.n_gpus_per_node: ${cluster.gpus_per_node}),
+    # read unresolved from the composed recipe
+    raw, _ = _recipe_values(())
+    verl_part = {k: v for k, v in raw.items() if k in tree}
+    for leaf in _leaves(verl_part):
+        text = _raw_leaf(verl_part, leaf)
+        match = _ROUTE.match(text) if isinstance(text, str) else None
+        if match and match.group(1) in set_by and leaf not in keys:
+            label, _ = set_by[match.group(1)]
+            keys[leaf] = (label, _declared(tree, leaf))
+            origins[leaf] = _routing_file(leaf, text)
+    groups: dict[str, dict[str, str]] = {label: {} for label, _ in _sources()}
+    for key, (label, declared) in keys.items():
+        groups[label][key] = key if declared else f"+{key}"
+    return groups, {key: declared for key, (_, declared) in keys.items()}, origins
+
+
+def _raw_leaf(tree: dict, dotted: str):
+    node: Any = tree
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
+def _declared(tree: dict, dotted: str) -> bool:
+    node: Any = tree
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _routing_file(key: str, text: str) -> Path:
+    """The recipe's own file that writes `key: text`: the primary config or one it includes (conf/_base.yaml)."""
+    primary = conf_dir() / f"{_RECIPE}.yaml"
+    for path in [primary, *included_files(primary)]:
+        loaded = OmegaConf.to_container(OmegaConf.load(path)) or {}
+        try:
+            if _raw_leaf(loaded, key) == text:
+                return path
+        except (KeyError, TypeError):
+            continue
+    return primary
+
+
+@cache
+def _resolved(extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """bare key -> value in the recipe's resolved config, for every derived key."""
+    groups, _, _ = _derived()
+    _, cfg = _recipe_values(extra)
+    return {key: _value(cfg, key) for group in groups.values() for key in group}
+
+
+@cache
+def _groups() -> dict[str, dict[str, Any]]:
+    groups, declared, _ = _derived()
+    values = _resolved()
+    defaults = _verl_tree()
+    out: dict[str, dict[str, Any]] = {}
+    for label, keys in groups.items():
+        out[label] = {}
+        for key, spelled in keys.items():
+            if declared[key]:
+                try:
+                    if _same(_value(defaults, key), values[key]):
+                        continue  # verl's default already
+                except Exception:  # noqa: BLE001 - a default that does not resolve bare is not the same value
+                    pass
+            out[label][spelled] = values[key]
+    out["demo run"] = dict(DEMO_RUN)
+    return out
+
+
 def world_size(n: int) -> dict[str, Any]:
-    """The keys that set the number of actor processes (FSDP2 ranks over gloo), with one hf server for all of them
-    (fed by rank 0, as the recipes' ``parallel=cpu`` does)."""
-    return {
-        "trainer.n_gpus_per_node": n,
-        "+ray_kwargs.ray_init.num_gpus": n,
-        "actor_rollout_ref.rollout.tensor_model_parallel_size": n,
-    }
+    """The keys that set the number of actor processes (FSDP2 ranks over gloo): the derived keys whose value in the
+    recipe changes with ``cluster.gpus_per_node=n`` (the ranks, Ray's logical GPUs, one hf server for all of them,
+    fed by rank 0, as the recipes' ``parallel=cpu`` does)."""
+    groups, _, _ = _derived()
+    base, scaled = _resolved(), _resolved((f"cluster.gpus_per_node={int(n)}",))
+    spelled = {key: name for group in groups.values() for key, name in group.items()}
+    return {spelled[key]: value for key, value in scaled.items() if not _same(value, base[key])}
+
+
+def __getattr__(name: str):
+    if name == "GROUPS":
+        return {label: dict(group) for label, group in _groups().items()}
+    if name == "CPU_VERL_OVERRIDES":
+        return {key: value for group in _groups().values() for key, value in group.items()}
+    if name == "ORIGINS":
+        return dict(_derived()[2])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# ---- the command line ---------------------------------------------------------------------------------------------
 
 
 def _format(value: Any) -> str:
+    if value is None:
+        return "null"
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, (list, tuple)):
@@ -186,24 +335,22 @@ def _format(value: Any) -> str:
 
 
 def cli_overrides(assets, *deltas: dict[str, Any]) -> list[str]:
-    """``key=value`` arguments for ``python -m verl.trainer.main_ppo``: CPU_VERL_OVERRIDES, then each delta in turn.
+    """``key=value`` arguments for ``python -m verl.trainer.main_ppo``: CPU_VERL_OVERRIDES, then each delta in turn
+    (a delta's ``key`` replaces a ``+key`` of the list, keeping the ``+``).
 
     ``assets`` is a :class:`recipes.verl_ext.demo.TinyAssets`; its paths fill the ``{...}`` placeholders.
     """
-    fields = {
-        "model_dir": assets.model_dir,
-        "train_parquet": assets.train_parquet,
-        "val_parquet": assets.val_parquet,
-        "reward_py": assets.reward_py,
-        "reward_fn": assets.reward_fn,
-    }
-    merged = dict(CPU_VERL_OVERRIDES)
-    for delta in deltas:
-        merged.update(delta)
+    fields = {f"{{{field}}}": getattr(assets, field) for field in _ASSET_FIELDS.values()}
+    merged: dict[str, tuple[str, Any]] = {}  # bare key -> (spelled key, value)
+    for delta in (__getattr__("CPU_VERL_OVERRIDES"), *deltas):
+        for key, value in delta.items():
+            bare = key.lstrip("+")
+            spelled = merged[bare][0] if bare in merged and merged[bare][0].startswith("+") else key
+            merged[bare] = (spelled, value)
     args = []
-    for key, value in merged.items():
+    for spelled, value in merged.values():
         text = _format(value)
-        if isinstance(value, str):
-            text = text.format(**fields)
-        args.append(f"{key}={text}")
+        for placeholder, path in fields.items():
+            text = text.replace(placeholder, str(path))
+        args.append(f"{spelled}={text}")
     return args
