@@ -23,16 +23,21 @@ def compose_recipe(recipe: str, overrides: list[str] | None = None) -> DictConfi
         raise ConfigError(f"recipe: unknown recipe {recipe!r}; choose from {', '.join(RECIPES)}")
     register_resolvers()
     overrides = list(overrides or [])
-    for arg in overrides:
-        # a group's files starting with `_` are shared parts of its options (cluster/_node.yaml), not options
-        group, option = override_key(arg), override_value(arg).strip()
-        if option.startswith("_") and group in pack_groups() and not arg.startswith("~"):
-            raise ConfigError(f"{group}={option}: no such option; choose from {', '.join(group_options(group))}")
+    refuse_shared_parts(overrides)
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None, job_name=recipe):
             return compose(config_name=recipe, overrides=overrides)
     except HydraException as error:
         raise ConfigError(explain_hydra_error(error, overrides, recipe)) from None
+
+
+def refuse_shared_parts(overrides: list[str]) -> None:
+    """ConfigError for ``group=_part``: a group's files starting with ``_`` are shared parts of its options
+    (cluster/_node.yaml), not options."""
+    for arg in overrides:
+        group, option = override_key(arg), override_value(arg).strip()
+        if option.startswith("_") and group in pack_groups() and not arg.startswith("~"):
+            raise ConfigError(f"{group}={option}: no such option; choose from {', '.join(group_options(group))}")
 
 
 def explain_hydra_error(error: Exception, overrides: list[str], recipe: str = "grpo") -> str:

@@ -27,7 +27,7 @@ from hydra.types import HydraContext, RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from recipes.bundle import write_record
-from recipes.compose import explain_hydra_error
+from recipes.compose import explain_hydra_error, refuse_shared_parts
 from recipes.confdir import conf_dir
 from recipes.defaults import embedded_defaults, has_accelerator
 from recipes.errors import ConfigError, exit_with
@@ -62,6 +62,7 @@ def run_single(recipe: str, argv: list[str], notice: str | None = None) -> None:
     """One run, as Hydra's ``run`` does it, with validation between composing and the job: compose, pin the run
     folder, check (ConfigError: nothing was created), then run the job. ``notice`` is shown once the config is
     valid (a bad input gets its error line only)."""
+    refuse_shared_parts(argv)
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None, job_name=recipe):
         app = GlobalHydra.instance().hydra
         try:

@@ -21,25 +21,6 @@ PACKAGE = ROOT / "recipes"
 VERL_ROOM = PACKAGE / "verl_ext"
 LAZY_MARK = "lazy:"
 
-# Function-level imports without a `lazy:` comment, in files that other work is changing right now and that this
-# rule's fix did not touch: path -> statements (as ast.unparse writes them). Remove an entry once its owner moves the
-# import to the top or says why it is lazy; add nothing here for a file you own.
-PENDING: dict[str, list[str]] = {
-    "recipes/verl_ext/demo/run.py": [
-        "from recipes.verl_ext.plugin import cpu_overrides",
-    ],
-    "recipes/verl_ext/plugin/cpu_overrides.py": [
-        "from hydra.core.global_hydra import GlobalHydra",
-        "from hydra import compose, initialize_config_module",
-        "from recipes.confdir import conf_dir, recipe_defaults",
-        "from recipes.defaults import EMBEDDED_DEFAULTS",
-        "from omegaconf import OmegaConf",
-        "from recipes.confdir import config_defaults",
-        "from recipes.compose import compose_recipe",
-        "from recipes.defaults import embedded_defaults",
-        "from recipes.confdir import conf_dir, included_files",
-    ],
-}
 
 
 def _sources() -> list[Path]:
@@ -103,7 +84,6 @@ def test_function_level_imports_say_why_they_are_lazy():
         f"{path}:{line}: {statement}"
         for path, found in _violations().items()
         for line, statement in found
-        if statement not in PENDING.get(path, [])
     ]
     assert not listed, (
         "import inside a function without a `# lazy: <why>` comment on its line or the line above "

@@ -59,6 +59,8 @@ class RunResult:
 
 def demo_overrides(assets, *, algo: str = "grpo", world_size: int = 1, steps: int = 20, extra=()) -> list[str]:
     """The ``key=value`` overrides of a demo run: :data:`CPU_VERL_OVERRIDES` + the algorithm + world size + steps."""
+    # importing the plugin package installs it into verl (verl and torch load) and the overrides compose the recipe:
+    # lazy: seconds, paid only when a demo run is asked for
     from recipes.verl_ext.plugin import cpu_overrides
 
     algos = {"grpo": cpu_overrides.GRPO_DEMO, "kl_ppo": cpu_overrides.KL_PPO_DEMO}
