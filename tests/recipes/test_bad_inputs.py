@@ -13,6 +13,8 @@ BAD = [
     ("grpo", ["kl=strict"], "kl=strict: no such option; choose from adaptive, fixed, ramp"),
     ("kl_ppo", ["model=gpt5"], "model=gpt5: no such option; choose from "),
     ("grpo", ["nccl=infiniband"], "nccl=infiniband: no such option"),
+    # a group's shared part is not an option
+    ("grpo", ["cluster=_node"], "cluster=_node: no such option; choose from a100_80g, cpu, h100_80g, h200_141g"),
     ("grpo", ["actor_rollout_ref.actor.optim.lrr=3"],
      "actor_rollout_ref.actor.optim.lrr: no such key (did you mean actor_rollout_ref.actor.optim.lr?)"),
     ("grpo", ["algorithm.adv_estimatr=gae"],
