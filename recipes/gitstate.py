@@ -23,14 +23,27 @@ def git_state(folder: str | os.PathLike) -> dict | None:
     top = _git(folder, "rev-parse", "--show-toplevel")
     if not top:
         return None
-    status = _git(folder, "status", "--porcelain", "--untracked-files=no") or ""
-    changed = [line[3:] for line in status.splitlines() if line.strip()]
+    # one call for the commit, the branch and the changed tracked files (porcelain v2: "# branch.oid <sha>",
+    # "# branch.head <name>", then one line per changed entry, its path last)
+    status = _git(folder, "status", "--porcelain=v2", "--branch", "--untracked-files=no") or ""
+    heads = dict(line[2:].split(" ", 1) for line in status.splitlines() if line.startswith("# ") and " " in line[2:])
+    changed = [_changed_path(line) for line in status.splitlines() if line and not line.startswith("#")]
     remote = _git(folder, "config", "--get", "remote.origin.url")
+    sha = heads.get("branch.oid")
+    branch = heads.get("branch.head")
     return {
         "root": top,
-        "sha": _git(folder, "rev-parse", "HEAD"),
-        "branch": _git(folder, "rev-parse", "--abbrev-ref", "HEAD"),
+        "sha": None if sha in (None, "(initial)") else sha,
+        "branch": "HEAD" if branch == "(detached)" else branch,
         "dirty": bool(changed),
         "changed": changed[:200],
         "remote": redact_value(remote) if remote else None,
     }
+
+
+def _changed_path(line: str) -> str:
+    """The path of a porcelain v2 entry: ordinary (``1 ...``, 8 fields before it), renamed (``2 ...``, 9 fields,
+    then the new path a tab before the old) or unmerged (``u ...``, 10 fields)."""
+    fields = {"1": 8, "2": 9, "u": 10}.get(line[:1], 0)
+    path = line.split(" ", fields)[-1] if fields else line
+    return path.split("\t", 1)[0]
