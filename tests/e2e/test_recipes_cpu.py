@@ -41,6 +41,7 @@ REWARD = "critic/score/mean"
 @dataclass
 class Run:
     stdout: str
+    stderr: str
     run_dir: Path
     metrics: list[dict]
 
@@ -56,7 +57,7 @@ def run(recipe_cli, recipe: str, workdir: Path, *overrides: str, steps: int, env
         pytest.fail(f"{recipe} {overrides}: exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     rows = [json.loads(line) for line in folders[-1].read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
-    return Run(stdout=proc.stdout, run_dir=folders[-1].parent, metrics=[r["data"] for r in rows])
+    return Run(stdout=proc.stdout, stderr=proc.stderr, run_dir=folders[-1].parent, metrics=[r["data"] for r in rows])
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +89,8 @@ def test_grpo_demo_learns_and_leaves_a_complete_run_folder(grpo):
     assert last >= first + 0.15, f"mean reward per step: {[round(r, 3) for r in rewards]}"
     assert_rollout_is_the_actor(grpo)
     assert_weight_sync_through_the_resharder(grpo.run_dir / "weight_sync.jsonl", world_size=1, rollout_tp=1, steps=12)
-    assert "embedded CPU defaults parallel=cpu cluster=cpu rollout=hf model=tiny task=tiny" in grpo.stdout
+    # notices go to stderr, the progress and the summary to stdout
+    assert "embedded CPU defaults parallel=cpu cluster=cpu rollout=hf model=tiny task=tiny" in grpo.stderr
     assert "step 12/12  reward" in grpo.stdout and "mean reward: first 3 steps" in grpo.stdout
     assert (grpo.run_dir / "curves.png").stat().st_size > 10_000
     assert (grpo.run_dir / "checkpoints" / "global_step_12" / "actor").is_dir()
