@@ -1,11 +1,88 @@
-"""verl's own example overrides are accepted unchanged by the recipes and land on the same values."""
+"""verl's own example overrides are accepted unchanged by the recipes and land on the same values.
+
+The examples: ``tests/data/verl_examples.json``, written by ``scripts/extract_verl_examples.py`` from verl's
+``examples/**/*.sh`` (each entry names its script and verl commit; the extractor's docstring says how the shell is
+evaluated). Every entry not marked ``skipped`` must validate with its own recipe (``grpo``, or ``kl_ppo`` where verl
+would use a critic), and every override must land, value for value, in the resolved config: in-process for all of
+them, through ``python -m recipes.<recipe> action=validate`` and its ``resolved_config.yaml`` for one per examples/
+sub-folder.
+"""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import json
+import sys
 from pathlib import Path
 
+import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import OverrideType
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
 from recipes.compose import compose_recipe
+from recipes.errors import ConfigError
 from recipes.validate import validate
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES_FILE = ROOT / "tests" / "data" / "verl_examples.json"
+EXAMPLES = json.loads(EXAMPLES_FILE.read_text())
+TAKEN = [e for e in EXAMPLES if not e["skipped"]]
+_ABSENT = object()
+
+
+def _one_per_folder(examples: list[dict]) -> list[dict]:
+    """The first example (by source) of each ``examples/<folder>/``: the CLI subset."""
+    seen: dict[str, dict] = {}
+    for example in examples:
+        seen.setdefault(example["source"].split("/")[1], example)
+    return list(seen.values())
+
+
+CLI_SUBSET = _one_per_folder(TAKEN)
+
+
+def _plain(value):
+    return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
+
+
+def _same(typed, saved) -> bool:
+    """Whether the saved value is the typed one: equal scalars (a bool only equals a bool, a string only a string;
+    1 and 1.0 are the same number), equal lists, and a typed dict's keys merged in with their values (Hydra merges a
+    dict into the node it overrides)."""
+    if isinstance(typed, dict):
+        return isinstance(saved, dict) and all(k in saved and _same(v, saved[k]) for k, v in typed.items())
+    if isinstance(typed, list):
+        return isinstance(saved, list) and len(typed) == len(saved) and all(map(_same, typed, saved))
+    if isinstance(typed, bool) or isinstance(saved, bool):
+        return type(typed) is type(saved) and typed == saved
+    if isinstance(typed, (int, float)) and isinstance(saved, (int, float)):
+        return typed == saved
+    return type(typed) is type(saved) and typed == saved
+
+
+def drift(overrides: list[str], resolved) -> list[str]:
+    """One line per override whose key does not hold the typed value in ``resolved`` (parsed as Hydra parses
+    the command line: ``key=value``, ``+key=value``, ``++key=value``, ``~key``)."""
+    problems = []
+    for override in OverridesParser.create().parse_overrides(overrides):
+        text, key = override.input_line, override.key_or_group
+        saved = _plain(OmegaConf.select(resolved, key, default=_ABSENT))
+        if override.is_sweep_override():
+            problems.append(f"{text}: a sweep, not one value")
+        elif override.type == OverrideType.DEL:
+            if saved is not _ABSENT and saved is not None:
+                problems.append(f"{text}: still there as {saved!r}")
+        elif saved is _ABSENT:
+            problems.append(f"{text}: {key} is not in the saved config")
+        elif not _same(override.value(), saved):
+            problems.append(f"{text}: typed {override.value()!r}, saved {saved!r}")
+    return problems
+
+
+def _id(example: dict) -> str:
+    return example["source"].removeprefix("examples/")
 
 # verl examples/grpo_trainer/run_qwen2-7b_seq_balance.sh: its dotted overrides after the shell expands them
 # ($HOME, rollout_name=sglang, rollout_mode=async, return_raw_chat=True, quotes removed)
@@ -73,3 +150,118 @@ def test_verl_grpo_example_overrides_are_accepted_and_land():
     assert (resolved.trainer.nnodes, resolved.trainer.n_gpus_per_node, resolved.trainer.total_epochs) == (1, 8, 15)
     assert resolved.data.truncation == "error" and resolved.data.filter_overlong_prompts is True
     assert resolved.algorithm.adv_estimator == "grpo"
+
+
+# -- every extracted example, in-process ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example", TAKEN, ids=_id)
+def test_verl_example_validates_and_every_override_lands(example):
+    try:
+        checked = validate(compose_recipe(example["recipe"], example["overrides"]))
+    except ConfigError as error:
+        pytest.fail(f"{example['source']} ({example['recipe']}): config error: {error}")
+    problems = drift(example["overrides"], checked.cfg)
+    assert not problems, f"{example['source']}: the saved config is not what was typed:\n" + "\n".join(problems)
+
+
+# -- one example per examples/ sub-folder, through the CLI ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("example", CLI_SUBSET, ids=_id)
+def test_verl_example_through_the_cli(example, tmp_path, recipe_cli):
+    proc = recipe_cli(example["recipe"], "action=validate", *example["overrides"], cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, f"{example['source']}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
+    assert "config OK" in proc.stdout, proc.stdout
+    written = list((tmp_path / "runs" / example["recipe"]).glob("*/resolved_config.yaml"))
+    assert len(written) == 1, written
+    problems = drift(example["overrides"], OmegaConf.load(written[0]))
+    assert not problems, f"{example['source']}: resolved_config.yaml is not what was typed:\n" + "\n".join(problems)
+
+
+# -- the data itself --------------------------------------------------------------------------------------------
+
+
+def test_the_examples_file_is_whole_and_readable():
+    sources = [e["source"] for e in EXAMPLES]
+    assert sources == sorted(sources) and len(set(sources)) == len(sources)
+    assert len(TAKEN) >= 60, "most of verl's example scripts are taken"
+    for example in EXAMPLES:
+        assert set(example) == {"source", "commit", "recipe", "env", "overrides", "skipped"}, example["source"]
+        assert example["recipe"] in ("grpo", "kl_ppo")
+        assert example["skipped"] or example["overrides"], example["source"]
+        assert all(isinstance(o, str) and ("=" in o or o.startswith("~")) for o in example["overrides"]), example
+
+    folders = {e["source"].split("/")[1] for e in TAKEN}
+    assert {e["source"].split("/")[1] for e in CLI_SUBSET} == folders
+    assert {"kl_ppo", "grpo"} <= {e["recipe"] for e in CLI_SUBSET}
+
+
+def test_the_drift_check_sees_a_changed_value():
+    resolved = OmegaConf.create({"a": {"b": 2, "c": [1, 2], "d": "x", "e": True, "f": {"g": 1, "h": 2}}})
+    assert drift(["a.b=2", "a.c=[1,2]", "a.d=x", "a.e=True", "a.f={g:1}", "+a.b=2.0"], resolved) == []
+    assert len(drift(["a.b=3", "a.c=[1]", "a.d=y", "a.e=1", "a.f={g:2}", "a.z=1", "~a.b", "a.d='2'"], resolved)) == 8
+
+
+@functools.cache
+def _extractor():
+    """``scripts/extract_verl_examples.py`` as a module (scripts/ is not a package)."""
+    name = "extract_verl_examples"
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+SCRIPT = r"""#!/usr/bin/env bash
+set -xeuo pipefail
+DEVICE=${DEVICE:-$(python3 -c 'import torch_npu' 2>/dev/null && echo npu || echo gpu)}
+MODEL=${MODEL:-Qwen/Qwen3-8B}
+n=$(((512 + 1536) * 2))
+ARGS=(
+    data.max_prompt_length=${n}   # a comment
+    trainer.logger='["console","wandb"]'
+    data.train_files="['$HOME/data/a.parquet', '$HOME/data/b.parquet']"
+)
+case "${DEVICE}" in
+    gpu) ARGS+=(trainer.device=cuda) ;;
+    *) exit 1 ;;
+esac
+if [ "${VERL_USE_UV:-1}" != 0 ] && { [ "$DEVICE" = npu ] || [ "$DEVICE" = gpu ]; }; then
+    LAUNCH=(uv run --extra vllm python3)
+fi
+EXTRA="a.b=1 \
+    c.d=$HOME/x"
+NAME=run_${MODEL##*/}_$(date +%Y%m%d)
+PYTHONUNBUFFERED=1 "${LAUNCH[@]}" -m verl.trainer.main_ppo \
+    --config-path=config --config-name='ppo_trainer.yaml' \
+    actor_rollout_ref.model.path="$MODEL" "${ARGS[@]}" $EXTRA trainer.experiment_name=$NAME "$@"
+"""
+
+
+def test_the_extractor_expands_a_script_as_bash_does():
+    example = _extractor().extract(SCRIPT, "examples/x/run.sh", "c0ffee", "/home/user", "/home/user/verl")
+    assert example.skipped is None and example.recipe == "kl_ppo"  # no adv_estimator: verl's default gae
+    assert example.overrides == [
+        "actor_rollout_ref.model.path=Qwen/Qwen3-8B",
+        "data.max_prompt_length=4096",
+        'trainer.logger=["console","wandb"]',
+        "data.train_files=['/home/user/data/a.parquet', '/home/user/data/b.parquet']",
+        "trainer.device=cuda",
+        "a.b=1",
+        "c.d=/home/user/x",
+        "trainer.experiment_name=run_Qwen3-8B_20260101",
+    ]
+
+
+def test_the_extractor_sets_what_a_script_demands_and_skips_other_trainers():
+    extractor = _extractor()
+    demanding = "set -u\nP=${ROOT}/m\npython -m verl.trainer.main_ppo actor_rollout_ref.model.path=$P\n"
+    example = extractor.extract(demanding, "examples/x/a.sh", "c0ffee", "/home/user", "/home/user/verl")
+    assert example.env == {"ROOT": "/path/to/ROOT"}
+    assert example.overrides == ["actor_rollout_ref.model.path=/path/to/ROOT/m"]
+    other = "python3 -m verl.trainer.main_ppo --config-path=config --config-name=ppo_megatron_trainer a.b=1\n"
+    example = extractor.extract(other, "examples/x/b.sh", "c0ffee", "/home/user", "/home/user/verl")
+    assert example.skipped.startswith("--config-name=ppo_megatron_trainer") and example.overrides == ["a.b=1"]
