@@ -42,6 +42,46 @@ def _one_per_folder(examples: list[dict]) -> list[dict]:
 
 CLI_SUBSET = _one_per_folder(TAKEN)
 
+# Examples the pack does not take yet, each with its cause (work of the issue "the verl contract"). Strict: a fixed
+# cause makes its test pass and then this entry must go.
+_MEGATRON = "model_engine=megatron typed as verl's own switch is not adopted as strategy=megatron"
+_VEOMNI = ("model_engine=veomni: the pack's fsdp2 strategy writes keys verl's VeOmni config rejects, and VeOmni's "
+           "ulysses_parallel_size is not counted in the token budgets")
+KNOWN_GAPS = {
+    "examples/gpg_trainer/run_qwen3_8b_megatron.sh": _MEGATRON,
+    "examples/grpo_trainer/run_moonlight_16b_a3b_megatron.sh": _MEGATRON,
+    "examples/grpo_trainer/run_qwen2_5_vl_7b_megatron.sh": _MEGATRON,
+    "examples/grpo_trainer/run_qwen3_8b_megatron.sh": _MEGATRON,
+    "examples/grpo_trainer/run_qwen3_vl_8b_megatron.sh": _MEGATRON,
+    "examples/on_policy_distillation_trainer/run_qwen3_8b_megatron.sh": _MEGATRON,
+    "examples/ppo_trainer/run_qwen3_8b_megatron.sh": _MEGATRON,
+    "examples/grpo_trainer/run_deepseek_v4_veomni.sh": _VEOMNI,
+    "examples/grpo_trainer/run_qwen3_30b_veomni.sh": _VEOMNI,
+    "examples/grpo_trainer/run_qwen3_5-122b-a10b_veomni.sh": _VEOMNI,
+    "examples/grpo_trainer/run_qwen3_5_35b_a3b_veomni.sh": _VEOMNI,
+    "examples/grpo_trainer/run_qwen3_vl_30b_moe_veomni.sh": _VEOMNI,
+    "examples/on_policy_distillation_trainer/run_qwen3_0.6b_opd_veomni.sh": _VEOMNI,
+    "examples/on_policy_distillation_trainer/run_qwen3_8b_mopd_veomni.sh": _VEOMNI,
+    "examples/router_replay/run_qwen3_5_35b_a3b_veomni.sh": _VEOMNI,
+    "examples/grpo_trainer/run_qwen3_next_80b_a3b_fsdp.sh":
+        "Ulysses sequence parallelism typed under fsdp_config is not counted in the token budgets",
+    "examples/ascend_extras/gspo_trainer/run_qwen3_32b_fsdp.sh":
+        "the token-budget check counts no sequence parallelism that verl applies here (2560 tokens < 10240)",
+    "examples/tuning/lora/run_qwen2_5_vl_7b_fsdp.sh": "verl's validator needs vllm or sglang installed for LoRA",
+    "examples/tuning/lora/run_qwen3_8b_fsdp.sh": "verl's validator needs vllm or sglang installed for LoRA",
+}
+
+# through the CLI on a machine without GPUs only
+CLI_GAPS = {
+    "examples/ascend_extras/grpo_trainer/run_qwen3_32b_fsdp.sh":
+        "the embedded CPU default is added (its fp32 mixed_precision) although the script names its GPUs",
+}
+
+
+def _params(examples: list[dict], gaps: dict[str, str]) -> list:
+    return [pytest.param(e, id=_id(e), marks=pytest.mark.xfail(strict=True, reason=gaps[e["source"]]))
+            if e["source"] in gaps else pytest.param(e, id=_id(e)) for e in examples]
+
 
 def _plain(value):
     return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
@@ -156,7 +196,7 @@ def test_verl_grpo_example_overrides_are_accepted_and_land():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("example", TAKEN, ids=_id)
+@pytest.mark.parametrize("example", _params(TAKEN, KNOWN_GAPS))
 def test_verl_example_validates_and_every_override_lands(example):
     try:
         checked = validate(compose_recipe(example["recipe"], example["overrides"]))
@@ -169,14 +209,19 @@ def test_verl_example_validates_and_every_override_lands(example):
 # -- one example per examples/ sub-folder, through the CLI ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("example", CLI_SUBSET, ids=_id)
+@pytest.mark.parametrize("example", _params(CLI_SUBSET, {**KNOWN_GAPS, **CLI_GAPS}))
 def test_verl_example_through_the_cli(example, tmp_path, recipe_cli):
     proc = recipe_cli(example["recipe"], "action=validate", *example["overrides"], cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, f"{example['source']}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
     assert "config OK" in proc.stdout, proc.stdout
     written = list((tmp_path / "runs" / example["recipe"]).glob("*/resolved_config.yaml"))
     assert len(written) == 1, written
-    problems = drift(example["overrides"], OmegaConf.load(written[0]))
+    saved = OmegaConf.load(written[0])
+    # the one documented addition: the pack adds verl's `file` logger, so metrics.jsonl lands in the run folder
+    assert saved.trainer.logger[-1] == "file"
+    if not any(o.startswith("trainer.logger=") and "file" in o for o in example["overrides"]):
+        saved.trainer.logger = list(saved.trainer.logger)[:-1]
+    problems = drift(example["overrides"], saved)
     assert not problems, f"{example['source']}: resolved_config.yaml is not what was typed:\n" + "\n".join(problems)
 
 
