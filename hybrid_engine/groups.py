@@ -22,6 +22,14 @@ Experts: micro-DP members share their data index, hence their expert-parallel ra
 second all-gather over ``expert_gather_group`` (same t_i, p_i and expert-data rank, ep ranks e with the same
 e // (train.ep / infer.ep)) collects the experts of the wider generation EP shard.
 
+verl's placement. Where the scheme does not apply (t_g does not divide t, p_g does not divide p, infer.ep does not
+divide train.ep: ``layout.hybridflow_problems``), verl 0.9.1 still runs the layout (its Megatron "diff TP" example:
+train tp2 pp2, generate tp4) and syncs weights its own way, the whole model gathered on every rank. Groups built
+with ``placement="verl"`` describe that run: generation engines on consecutive ranks, TP fastest then PP
+(``RolloutReplica`` takes ranks ``[e*t_g*p_g, (e+1)*t_g*p_g)``, vLLM numbers them ``pi*t_g + tau``), so
+tau = rank % t_g, pi = rank // t_g % p_g, engine = rank // (t_g*p_g); there are no micro-DP groups (k_t = k_p =
+d_g = 0, micro_dp = -1).
+
 Everything per rank is O(1); whole-world arrays use numpy (no O(N^2) enumeration), so 4096 ranks are cheap.
 """
 
@@ -32,9 +40,12 @@ from functools import cached_property
 
 import numpy as np
 
-from hybrid_engine.layout import InferLayout, LayoutError, TrainLayout, check_compatible
+from hybrid_engine.layout import InferLayout, LayoutError, TrainLayout, check_compatible, hybridflow_problems
 
-__all__ = ["HybridGroups", "RankInfo", "hybrid_groups"]
+__all__ = ["PLACEMENTS", "HybridGroups", "RankInfo", "hybrid_groups"]
+
+PLACEMENTS = ("hybridflow", "verl")
+"""How generation ranks sit on training ranks: HybridFlow's micro-DP mapping (the pack's resharder), or verl's."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -55,11 +66,12 @@ class RankInfo:
     gen_pp: int
     """Generation PP rank pi."""
     micro_dp: int
-    """Micro-DP rank mu (position in its micro-DP group)."""
+    """Micro-DP rank mu (position in its micro-DP group); -1 under verl's placement."""
     engine: int
-    """Generation engine (generation DP rank) d_i*d_g + mu."""
+    """Generation engine (generation DP rank) d_i*d_g + mu; rank // (t_g*p_g) under verl's placement."""
     generation_shard: tuple[tuple[int, int], ...]
-    """The (training stage, training TP slice) pairs whose union is this rank's generation shard."""
+    """The (training stage, training TP slice) pairs whose union is this rank's generation shard (empty under verl's
+    placement: there a generation shard is not a union of training shards)."""
 
     def to_dict(self) -> dict:
         out = {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -75,6 +87,13 @@ class HybridGroups:
     infer: InferLayout
     fsdp: bool
     """True: the training shards are FSDP dim-0 shards over all ranks (mapped as t = N, p = d = 1)."""
+    placement: str = "hybridflow"
+    """``hybridflow`` (micro-DP groups, the pack's resharder) or ``verl`` (verl's engines on consecutive ranks)."""
+
+    @property
+    def hybridflow(self) -> bool:
+        """True when the generation ranks follow HybridFlow's micro-DP mapping (the pack's resharder runs it)."""
+        return self.placement == "hybridflow"
 
     # -- sizes ---------------------------------------------------------------------------------------------------------
     @property
@@ -103,15 +122,17 @@ class HybridGroups:
 
     @property
     def k_t(self) -> int:
-        return self.t // self.t_g
+        """t / t_g (0 under verl's placement)."""
+        return self.t // self.t_g if self.hybridflow else 0
 
     @property
     def k_p(self) -> int:
-        return self.p // self.p_g
+        """p / p_g (0 under verl's placement)."""
+        return self.p // self.p_g if self.hybridflow else 0
 
     @property
     def d_g(self) -> int:
-        """Micro-DP group size k_t * k_p."""
+        """Micro-DP group size k_t * k_p (0 under verl's placement: no micro-DP groups)."""
         return self.k_t * self.k_p
 
     @property
@@ -124,12 +145,12 @@ class HybridGroups:
 
     @property
     def k_e(self) -> int:
-        """Training EP ranks merged into one generation EP rank (train.ep / infer.ep)."""
-        return max(self.ep // self.ep_g, 1)
+        """Training EP ranks merged into one generation EP rank (train.ep / infer.ep; 1 under verl's placement)."""
+        return max(self.ep // self.ep_g, 1) if self.hybridflow else 1
 
     @property
     def num_micro_dp_groups(self) -> int:
-        return self.world_size // self.d_g
+        return self.world_size // self.d_g if self.hybridflow else 0
 
     @property
     def num_gen_tp_groups(self) -> int:
@@ -184,21 +205,22 @@ class HybridGroups:
             stage = ranks // strides["pp"] % train.pp
             data = cp_i + train.cp * dp_i
             ep = data % train.ep
+        out = {"data": data, "stage": stage, "tp": tp, "ep": ep, "edp": data // self.ep}
+        if not self.hybridflow:
+            engine_size = self.t_g * self.p_g
+            out.update(gen_tp=ranks % self.t_g, gen_pp=ranks // self.t_g % self.p_g,
+                       micro_dp=np.full_like(ranks, -1), engine=ranks // engine_size)
+            return out
         mu = (stage % self.k_p) * self.k_t + tp % self.k_t
-        return {
-            "data": data,
-            "stage": stage,
-            "tp": tp,
-            "ep": ep,
-            "edp": data // self.ep,
-            "gen_tp": tp // self.k_t,
-            "gen_pp": stage // self.k_p,
-            "micro_dp": mu,
-            "engine": data * self.d_g + mu,
-        }
+        out.update(gen_tp=tp // self.k_t, gen_pp=stage // self.k_p, micro_dp=mu, engine=data * self.d_g + mu)
+        return out
 
     def rank_info(self, rank: int) -> RankInfo:
         data, stage, tp, ep = self.train_coords(rank)
+        if not self.hybridflow:
+            return RankInfo(rank=rank, data=data, stage=stage, tp=tp, ep=ep, gen_tp=rank % self.t_g,
+                            gen_pp=rank // self.t_g % self.p_g, micro_dp=-1,
+                            engine=rank // (self.t_g * self.p_g), generation_shard=())
         tau, pi = tp // self.k_t, stage // self.k_p
         mu = (stage % self.k_p) * self.k_t + tp % self.k_t
         shard = tuple(
@@ -220,8 +242,16 @@ class HybridGroups:
         )
 
     # -- groups of one rank (members in group-rank order) --------------------------------------------------------------
+    def _require_hybridflow(self, what: str) -> None:
+        if not self.hybridflow:
+            raise LayoutError(
+                f"{what}: verl's placement (infer tp({self.t_g}) pp({self.p_g}) from train tp({self.train.tp})"
+                f" pp({self.train.pp})) has no micro-DP groups"
+            )
+
     def micro_dp_group(self, rank: int) -> list[int]:
         """Members ordered by micro-DP rank mu = (stage % k_p) * k_t + (tp % k_t)."""
+        self._require_hybridflow("micro_dp_group")
         data, stage, tp, _ = self.train_coords(rank)
         tau, pi = tp // self.k_t, stage // self.k_p
         return [
@@ -231,11 +261,17 @@ class HybridGroups:
 
     def gen_tp_group(self, rank: int) -> list[int]:
         """Members ordered by generation TP rank tau."""
+        if not self.hybridflow:
+            first = rank - rank % self.t_g
+            return list(range(first, first + self.t_g))
         data, stage, tp, _ = self.train_coords(rank)
         return [int(self.rank_of(data, stage, tau * self.k_t + tp % self.k_t)) for tau in range(self.t_g)]
 
     def gen_pp_group(self, rank: int) -> list[int]:
         """Members ordered by generation PP rank pi."""
+        if not self.hybridflow:
+            first = rank - rank % (self.t_g * self.p_g) + rank % self.t_g
+            return [first + pi * self.t_g for pi in range(self.p_g)]
         data, stage, tp, _ = self.train_coords(rank)
         return [int(self.rank_of(data, pi * self.k_p + stage % self.k_p, tp)) for pi in range(self.p_g)]
 
@@ -245,7 +281,7 @@ class HybridGroups:
 
     def expert_gather_group(self, rank: int) -> list[int]:
         """Ranks that all-gather experts after the micro-DP gather when infer.ep < train.ep (else just ``rank``)."""
-        if self.k_e == 1:
+        if self.k_e == 1 or not self.hybridflow:
             return [rank]
         data, stage, tp, ep = self.train_coords(rank)
         edp, base = data // self.ep, (ep // self.k_e) * self.k_e
@@ -254,6 +290,15 @@ class HybridGroups:
     # -- all groups, without O(N^2) work ------------------------------------------------------------------------------
     def _group_matrix(self, kind: str) -> np.ndarray:
         """All groups of one kind as a (num_groups, group_size) array of ranks, built by broadcasting."""
+        if not self.hybridflow:
+            ranks = np.arange(self.world_size, dtype=np.int64)
+            if kind == "micro_dp":
+                return np.zeros((0, 1), dtype=np.int64)
+            if kind == "gen_tp":
+                return ranks.reshape(-1, self.t_g)
+            if kind == "gen_pp":
+                return ranks.reshape(-1, self.p_g, self.t_g).transpose(0, 2, 1).reshape(-1, self.p_g)
+            raise ValueError(f"unknown group kind {kind!r}; choose micro_dp, gen_tp or gen_pp")
         d = np.arange(self.d).reshape(-1, 1, 1, 1)
         if kind == "micro_dp":
             pi = np.arange(self.p_g).reshape(1, -1, 1, 1)
@@ -300,6 +345,7 @@ class HybridGroups:
             "k_p": self.k_p,
             "d_g": self.d_g,
             "fsdp": self.fsdp,
+            "placement": self.placement,
             "counts": {
                 "micro_dp": self.num_micro_dp_groups,
                 "gen_tp": self.num_gen_tp_groups,
@@ -313,24 +359,35 @@ class HybridGroups:
         }
 
 
-def hybrid_groups(train: TrainLayout, infer: InferLayout, *, fsdp: bool | None = None) -> HybridGroups:
-    """The 3D-HybridEngine groups for resolved layouts; raises LayoutError listing every incompatibility.
+def hybrid_groups(
+    train: TrainLayout, infer: InferLayout, *, fsdp: bool | None = None, placement: str = "hybridflow"
+) -> HybridGroups:
+    """The groups of resolved layouts; raises LayoutError listing every problem.
 
     ``fsdp``: treat the training shards as FSDP dim-0 shards (default: when train.tp == train.pp == 1).
+    ``placement``: ``hybridflow`` (the default, what the resharder needs): refuse a pair the scheme cannot take;
+    ``auto``: HybridFlow's mapping where it applies, verl's placement otherwise (the planner: verl runs both);
+    ``verl``: verl's placement. Every placement refuses what verl cannot run (``check_compatible``).
     """
+    if placement not in (*PLACEMENTS, "auto"):
+        raise ValueError(f"placement: unknown {placement!r}; choose hybridflow, verl or auto")
     if fsdp is None:
         fsdp = train.tp == 1 and train.pp == 1
     problems = check_compatible(train, infer)
     if fsdp and (train.tp != 1 or train.pp != 1):
         problems.append(f"layout.train: FSDP resharding needs tp=pp=1, got tp({train.tp}) pp({train.pp})")
+    scheme_problems = [] if fsdp else hybridflow_problems(train, infer)
     if fsdp and infer.pp != 1:
-        problems.append(f"layout.infer.pp: FSDP -> generation resharding is modelled for infer.pp=1, got {infer.pp}")
+        scheme_problems.append(
+            f"layout.infer.pp: FSDP -> generation resharding is modelled for infer.pp=1, got {infer.pp}"
+        )
     if not fsdp and train.tp == 1 and train.pp == 1 and (infer.tp > 1 or infer.pp > 1):
-        # check_compatible accepted this as FSDP resharding; Megatron-style replicas hold whole models instead
-        problems.append(
+        # Megatron-style replicas hold whole models: there are no shards to gather a generation shard from
+        scheme_problems.append(
             f"layout.infer: tp({infer.tp})*pp({infer.pp}) needs model-parallel training shards to gather from;"
             " layout.train has tp=pp=1 (use fsdp=True to plan FSDP dim-0 shards)"
         )
-    if problems:
-        raise LayoutError(problems)
-    return HybridGroups(train=train, infer=infer, fsdp=fsdp)
+    if problems or (placement == "hybridflow" and scheme_problems):
+        raise LayoutError(problems + (scheme_problems if placement == "hybridflow" else []))
+    chosen = "verl" if placement == "verl" or (placement == "auto" and scheme_problems) else "hybridflow"
+    return HybridGroups(train=train, infer=infer, fsdp=fsdp, placement=chosen)

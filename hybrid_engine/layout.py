@@ -28,6 +28,7 @@ __all__ = [
     "TrainLayout",
     "check_compatible",
     "collect_layout_errors",
+    "hybridflow_problems",
 ]
 
 MEGATRON_ORDER = "tp-cp-ep-dp-pp"
@@ -364,13 +365,22 @@ class InferLayout:
 
 
 def check_compatible(
-    train: TrainLayout, infer: InferLayout, *, train_key: str = "layout.train", infer_key: str = "layout.infer"
+    train: TrainLayout,
+    infer: InferLayout,
+    *,
+    train_key: str = "layout.train",
+    infer_key: str = "layout.infer",
+    gpus_per_node: int | None = None,
 ) -> list[str]:
-    """Why the actor cannot reshard from ``train`` to ``infer`` without moving redundant bytes; [] when it can.
+    """Why verl 0.9.1 cannot run generation ``infer`` beside training ``train``; [] when it can.
 
-    Model-parallel training (tp or pp > 1) needs infer.tp | train.tp and infer.pp | train.pp (HybridFlow's
-    micro-DP groups). Pure data-parallel training (tp = pp = 1, FSDP) reshards Shard(0) to any TP whose engine
-    size divides the world. Both worlds must be the same GPUs, and infer.ep must divide train.ep.
+    verl's rule (``ActorRolloutRefWorker`` builds the rollout mesh and asserts the world divides into engines,
+    ``RolloutReplica`` places the engines): the generation world is the training world (so every engine's tp*pp
+    ranks divide it: ``InferLayout.resolve`` says so for dp=-1, the world comparison below for a given dp), and an
+    engine larger than a node takes whole nodes. Nothing ties infer.tp to train.tp: verl's weight sync gathers the
+    whole model on every rank (its Megatron "diff TP" example trains tp2 pp2 and generates with tp4). Whether the
+    pack's resharder can take the layout instead is ``hybridflow_problems``. (``RolloutConfig`` adds its own rules,
+    e.g. no rollout pp > 1 for vLLM/SGLang; validation runs verl's conversion for those.)
     """
     problems = []
     both_resolved = train.resolved and infer.resolved
@@ -380,23 +390,38 @@ def check_compatible(
             f"{train_key} world dp({train.dp})*tp({train.tp})*pp({train.pp})*cp({train.cp})={train.world_size}"
             " (generation runs on the training GPUs)"
         )
+    engine = infer.tp * infer.pp
+    if gpus_per_node and engine > gpus_per_node and engine % gpus_per_node:
+        problems.append(
+            f"{infer_key}: an engine of tp({infer.tp})*pp({infer.pp})={engine} GPUs spans nodes of {gpus_per_node}"
+            f" GPUs and must take whole nodes ({engine} % {gpus_per_node} = {engine % gpus_per_node})"
+        )
+    return problems
+
+
+def hybridflow_problems(
+    train: TrainLayout, infer: InferLayout, *, train_key: str = "layout.train", infer_key: str = "layout.infer"
+) -> list[str]:
+    """Why the pack's zero-redundancy resharder (HybridFlow's micro-DP groups) cannot take this pair; [] when it can.
+
+    Model-parallel training (tp or pp > 1) needs infer.tp | train.tp, infer.pp | train.pp and infer.ep | train.ep:
+    each generation shard is then the union of whole training shards. Pure data-parallel training (tp = pp = 1,
+    FSDP) reshards Shard(0) to any generation TP that ``check_compatible`` accepts. Where this returns problems,
+    verl's own weight sync (the whole model gathered on every rank) still runs the layout.
+    """
+    problems = []
     if train.tp == 1 and train.pp == 1:
-        if train.resolved and train.world_size % (infer.tp * infer.pp):
-            problems.append(
-                f"{infer_key}: tp({infer.tp})*pp({infer.pp})={infer.tp * infer.pp} must divide the training world"
-                f" {train.world_size} (FSDP shards are regrouped into generation engines)"
-            )
-    else:
-        if train.tp % infer.tp:
-            problems.append(
-                f"{infer_key}.tp: infer.tp({infer.tp}) must divide {train_key}.tp({train.tp})"
-                f" ({train.tp} % {infer.tp} = {train.tp % infer.tp})"
-            )
-        if train.pp % infer.pp:
-            problems.append(
-                f"{infer_key}.pp: infer.pp({infer.pp}) must divide {train_key}.pp({train.pp})"
-                f" ({train.pp} % {infer.pp} = {train.pp % infer.pp})"
-            )
+        return problems
+    if train.tp % infer.tp:
+        problems.append(
+            f"{infer_key}.tp: infer.tp({infer.tp}) must divide {train_key}.tp({train.tp})"
+            f" ({train.tp} % {infer.tp} = {train.tp % infer.tp})"
+        )
+    if train.pp % infer.pp:
+        problems.append(
+            f"{infer_key}.pp: infer.pp({infer.pp}) must divide {train_key}.pp({train.pp})"
+            f" ({train.pp} % {infer.pp} = {train.pp % infer.pp})"
+        )
     if infer.ep > 1 and train.ep % infer.ep:
         problems.append(
             f"{infer_key}.ep: infer.ep({infer.ep}) must divide {train_key}.ep({train.ep})"
@@ -427,9 +452,11 @@ def _build(cls, values: dict, allowed: tuple[str, ...], key: str, problems: list
 
 
 def collect_layout_errors(
-    train: dict, infer: dict, world_size: int, world_desc: str | None = None
+    train: dict, infer: dict, world_size: int, world_desc: str | None = None, *, gpus_per_node: int | None = None
 ) -> tuple[TrainLayout | None, InferLayout | None, list[str]]:
-    """Build, resolve and cross-check both layouts; never raises. Returns (train, infer, problems).
+    """Build, resolve and cross-check both layouts (``check_compatible``: what verl runs); never raises. Returns
+    (train, infer, problems). ``gpus_per_node``, when given, also checks that an engine larger than a node takes
+    whole nodes.
 
     A layout is None when it could not be built or resolved; every problem names its full key.
     """
@@ -448,5 +475,7 @@ def collect_layout_errors(
             resolved.append(None)
     if train_layout is not None and infer_layout is not None:
         # with whatever resolved: tp/pp/ep divisibility is still worth reporting when a world size is off
-        problems.extend(check_compatible(resolved[0] or train_layout, resolved[1] or infer_layout))
+        problems.extend(
+            check_compatible(resolved[0] or train_layout, resolved[1] or infer_layout, gpus_per_node=gpus_per_node)
+        )
     return resolved[0], resolved[1], problems

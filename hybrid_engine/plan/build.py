@@ -8,6 +8,11 @@ Entry point for the recipes::
 ``build_plan`` never raises for a bad run configuration: problems land in ``plan.errors`` (every one names its key)
 and the parts that could not be computed are left out. ``plan.raise_for_errors()`` turns them into one LayoutError.
 
+A layout verl runs but the HybridFlow scheme cannot take (infer.tp not dividing train.tp, e.g. verl's Megatron
+"diff TP" example) is planned with verl's placement (``HybridGroups.placement == "verl"``): bytes of verl's own sync
+(``tp_group_gather`` under Megatron, ``full_gather`` under FSDP) and the reference ``full_gather``;
+``plan.sync_path`` says in one line which path applies and why.
+
 Byte counting is defined in plan/bytes.py; the memory model in plan/memory.py; the JSON document (its schema), the
 text table and the picture in plan/render.py.
 """
@@ -21,7 +26,7 @@ from hybrid_engine.groups import HybridGroups, hybrid_groups
 from hybrid_engine.layout import InferLayout, LayoutError, TrainLayout, check_compatible
 from hybrid_engine.model_spec import ModelArch, ModelSpec, build_spec
 from hybrid_engine.plan import render
-from hybrid_engine.plan.bytes import SchemeBytes, compute_bytes
+from hybrid_engine.plan.bytes import SchemeBytes, compute_bytes, generation_shard_peak
 from hybrid_engine.plan.memory import estimate_memory
 from hybrid_engine.plan.render import gib_text
 from hybrid_engine.plan.settings import ClusterSpec, PlanSettings, dtype_bytes
@@ -65,6 +70,37 @@ class Plan:
             if name in self.bytes:
                 return name
         return None
+
+    @property
+    def sync_path(self) -> dict | None:
+        """Which weight sync applies: ``{"by": "hybrid_engine" | "verl", "scheme": ..., "line": one sentence}``; the
+        pack's resharder where the HybridFlow scheme takes the layout, verl's own path otherwise. None without
+        groups."""
+        g = self.groups
+        if g is None:
+            return None
+        t, i = self.train, self.infer
+        if g.hybridflow and g.fsdp:
+            return {"by": "hybrid_engine", "scheme": "fsdp_to_tp",
+                    "line": f"the pack's resharder (fsdp_to_tp: FSDP Shard(0) over {g.world_size} ranks -> generation"
+                            f" TP {g.t_g}, zero redundancy)"}
+        if g.hybridflow:
+            return {"by": "hybrid_engine", "scheme": "hybridflow",
+                    "line": f"the pack's resharder (hybridflow: micro-DP all-gather of d_g={g.d_g}; infer.tp({i.tp})"
+                            f" divides train.tp({t.tp}) and infer.pp({i.pp}) divides train.pp({t.pp}))"}
+        scheme = "full_gather" if g.fsdp else "tp_group_gather"
+        why = [f"infer.{axis} {b} does not divide train.{axis} {a}"
+               for axis, a, b in (("tp", t.tp, i.tp), ("pp", t.pp, i.pp), ("ep", t.ep, i.ep))
+               if not g.fsdp and a % b and (axis != "ep" or b > 1)]
+        if g.fsdp:
+            why.append(f"FSDP shards are resharded for infer.pp 1, not {i.pp}")
+        elif not why:
+            why.append("train tp = pp = 1 holds whole models, no shards to gather from")
+        how = ("every GPU gathers the whole model from FSDP shards" if g.fsdp
+               else "the whole model on every GPU: TP-group all-gather per stage + pipeline broadcast")
+        return {"by": "verl", "scheme": scheme,
+                "line": f"verl's own ({scheme}: {how}); the pack's resharder needs infer.tp | train.tp and"
+                        f" infer.pp | train.pp: {', '.join(why)}"}
 
     @property
     def model_bytes(self) -> int:
@@ -193,17 +229,17 @@ def build_plan(
             " strategy=megatron"
         )
     if resolved_train is not None and resolved_infer is not None and not errors:
-        problems = check_compatible(resolved_train, resolved_infer)
+        problems = check_compatible(resolved_train, resolved_infer, gpus_per_node=cluster.gpus_per_node)
         if not problems:
             try:
-                plan.groups = hybrid_groups(resolved_train, resolved_infer, fsdp=settings.is_fsdp)
+                plan.groups = hybrid_groups(resolved_train, resolved_infer, fsdp=settings.is_fsdp, placement="auto")
             except LayoutError as error:
                 problems = error.problems
         errors.extend(problems)
     if plan.groups is not None:
         size = dtype_bytes(settings.dtype)
         plan.bytes = compute_bytes(plan.spec, plan.groups, cluster, size)
-        generation_weights = plan.bytes[plan.zero_redundancy_scheme].peak_param_bytes
+        generation_weights = generation_shard_peak(plan.spec, plan.groups, size)
         plan.memory = estimate_memory(plan.spec, plan.groups, cluster, settings, generation_weights)
     plan.errors = errors
     plan.warnings = _warnings(plan, plan.spec)

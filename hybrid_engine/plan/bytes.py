@@ -14,7 +14,10 @@ once; padding never) and multiplied by the bytes of ``dtype``. Targets per schem
   over distinct pieces per micro-DP group moves it; with infer.ep < train.ep a second gather over
   ``expert_gather_group`` adds the experts of the wider generation EP shard.
 - ``tp_group_gather`` (HybridFlow-V; verl's Megatron path): the full model. Phases: all-gather inside the training
-  TP (and EP) group of the rank's stage, then broadcast of the other stages' tensors across the pipeline.
+  TP (and EP) group of the rank's stage, then broadcast of the other stages' tensors across the pipeline. What a
+  rank receives does not depend on the generation layout at all (verl's engines slice what they need from the full
+  model), so this is also the count for a layout the HybridFlow scheme cannot take (``placement="verl"`` groups,
+  e.g. generation TP above training TP): there it is the scheme that runs.
 - ``full_gather`` (DeepSpeed-Chat; verl FSDP ``full_tensor()``): the full model, from training shards that are FSDP2
   ``Shard(0)`` over all N ranks (whatever the training layout; this is the paper's (N-1)/N M reference).
 - ``fsdp_to_tp`` (zero-redundancy FSDP -> TP t_g): the generation shard of generation TP rank tau = rank // (N/t_g),
@@ -28,6 +31,9 @@ one unit per rank. EP splits experts the same way. FSDP2 ``Shard(0)`` follows ``
 rank until the rows run out (later ranks may hold nothing). Pipeline stages take layers ``[floor(s*L/p),
 floor((s+1)*L/p))``; the embedding sits on the first stage, the final norm and lm_head on the last (a tied lm_head is
 a copy of the embedding on the last stage when p > 1).
+
+Under verl's placement (``HybridGroups.placement == "verl"``) the schemes are ``tp_group_gather`` and ``full_gather``
+(Megatron) or ``full_gather`` (FSDP); ``generation_shard_peak`` gives the generation weights each GPU then holds.
 
 Times are bandwidth-bound estimates: for each phase the largest per-GPU bytes over the bandwidth of the link its
 groups span (NVLink when every group stays inside a node, the network otherwise), phases in sequence, no latency.
@@ -53,6 +59,7 @@ __all__ = [
     "expert_counts",
     "fraction_text",
     "fsdp_chunk",
+    "generation_shard_peak",
     "received_by_tensor",
     "stage_bounds",
     "stage_placement",
@@ -186,11 +193,11 @@ def _slice_table(signature: tuple, t: int, t_g: int) -> tuple[np.ndarray, np.nda
     """(own[t_i], overlap[t_i], gen[tau]) elements along all experts, for one tensor signature.
 
     own: what training TP rank t_i of t holds; gen: what generation TP rank tau of t_g needs; overlap: the part of
-    own inside the gen shard of tau = t_i // (t/t_g).
+    own inside the gen shard of tau = t_i // (t/t_g) (HybridFlow's mapping; zeros when t_g does not divide t).
     """
     shape, tp_dim, parts, _ = signature
     numel = int(np.prod(shape, dtype=np.int64))
-    k_t = t // t_g
+    k_t = t // t_g if t % t_g == 0 else 0
     if tp_dim is None:
         full = np.full(t, numel, dtype=np.int64)
         return full, full, np.full(t_g, numel, dtype=np.int64)
@@ -203,8 +210,9 @@ def _slice_table(signature: tuple, t: int, t_g: int) -> tuple[np.ndarray, np.nda
         for t_i in range(t):
             lo, hi = units_range(units, t, t_i)
             own[t_i] += (hi - lo) * size
-            g_lo, g_hi = units_range(units, t_g, t_i // k_t)
-            overlap[t_i] += max(0, min(hi, g_hi) - max(lo, g_lo)) * size
+            if k_t:
+                g_lo, g_hi = units_range(units, t_g, t_i // k_t)
+                overlap[t_i] += max(0, min(hi, g_hi) - max(lo, g_lo)) * size
     return own * per_unit_elems, overlap * per_unit_elems, gen * per_unit_elems
 
 
@@ -244,7 +252,14 @@ def compute_bytes(
     """Per-GPU received bytes of each applicable scheme (Megatron layouts: hybridflow, tp_group_gather, full_gather;
     FSDP layouts: fsdp_to_tp, full_gather)."""
     if schemes is None:
-        schemes = ["fsdp_to_tp", "full_gather"] if groups.fsdp else ["hybridflow", "tp_group_gather", "full_gather"]
+        if groups.fsdp:
+            schemes = ["fsdp_to_tp", "full_gather"] if groups.hybridflow else ["full_gather"]
+        else:
+            schemes = ["hybridflow", "tp_group_gather", "full_gather"] if groups.hybridflow else [
+                "tp_group_gather", "full_gather"]
+    needs_mapping = {"hybridflow", "fsdp_to_tp"} & set(schemes)
+    if needs_mapping and not groups.hybridflow:
+        raise ValueError(f"{sorted(needs_mapping)} need HybridFlow's placement; these groups have verl's")
     out = {}
     model_elems = sum(t.numel for t in spec.tensors if t.tied_to is None)
     for scheme in schemes:
@@ -278,8 +293,12 @@ class _StageTables:
 
 
 def stage_tables(spec: ModelSpec, groups: HybridGroups) -> _StageTables:
-    """Training and generation shard sizes (elements) for Megatron-style (t, p) -> (t_g, p_g)."""
-    t, p, t_g, p_g, k_p = groups.t, groups.p, groups.t_g, groups.p_g, groups.k_p
+    """Training and generation shard sizes (elements) for Megatron-style (t, p) -> (t_g, p_g).
+
+    Generation stages are placed on their own (``stage_placement(spec, p_g)``): with p_g | p that is exactly the
+    union of training stages pi*k_p .. pi*k_p+k_p-1, and it stays right when p_g does not divide p.
+    """
+    t, p, t_g, p_g = groups.t, groups.p, groups.t_g, groups.p_g
     placed = stage_placement(spec, p)
     own_d, own_e = np.zeros((p, t), np.int64), np.zeros((p, t), np.int64)
     ovl_d, ovl_e = np.zeros((p, t), np.int64), np.zeros((p, t), np.int64)
@@ -299,10 +318,7 @@ def stage_tables(spec: ModelSpec, groups: HybridGroups) -> _StageTables:
                 own_d[s] += own
                 ovl_d[s] += ovl
                 full_d[s] += tensor.numel
-    for pi in range(p_g):
-        needed: dict[str, TensorSpec] = {}
-        for s in range(pi * k_p, (pi + 1) * k_p):
-            needed.update(placed[s])
+    for pi, needed in enumerate(stage_placement(spec, p_g)):
         for tensor in needed.values():
             _, _, gen = _slice_table(_signature(tensor), t, t_g)
             n_exp = _experts(tensor)
@@ -379,6 +395,20 @@ def _megatron_scheme(
         peak_param_bytes=peak,
         phases=phases,
     )
+
+
+def generation_shard_peak(spec: ModelSpec, groups: HybridGroups, dtype_size: int) -> int:
+    """The largest generation shard one GPU holds, in bytes: its generation stage's tensors sliced as its generation
+    TP rank (experts: the fullest generation EP rank's share). Equal to hybridflow's ``peak_param_bytes``; for any
+    placement (verl's too), since it depends on the generation layout only."""
+    if groups.fsdp:  # the whole model sliced by t_g (FSDP runs generate with infer.pp = 1)
+        need = np.zeros(groups.t_g, np.int64)
+        for signature, count in _unique_tensors(spec).items():
+            need += _slice_table(signature, groups.t_g, groups.t_g)[2] * count
+        return int(need.max()) * dtype_size
+    tables = stage_tables(spec, groups)
+    most = int(expert_counts(tables.experts, groups.ep_g).max()) if tables.experts else 0
+    return int((tables.gen_d + tables.gen_e * most).max()) * dtype_size
 
 
 def _unique_tensors(spec: ModelSpec) -> dict[tuple, int]:
@@ -516,6 +546,8 @@ def received_by_tensor(
         return out
     if scheme != "hybridflow":
         raise ValueError(f"unknown scheme {scheme!r}; choose from {list(SCHEMES)}")
+    if not groups.hybridflow:
+        raise ValueError("hybridflow needs HybridFlow's placement; these groups have verl's")
     tau, pi = tp // groups.k_t, stage // groups.k_p
     needed: dict[str, TensorSpec] = {}
     for s in range(pi * groups.k_p, (pi + 1) * groups.k_p):

@@ -10,7 +10,7 @@ JSON schema of ``Plan.to_dict()`` (bytes are integers, times seconds)::
       "cluster": {...ClusterSpec fields},
       "settings": {...PlanSettings fields},
       "layouts": {"train": {"dp","tp","pp","cp","ep","order"}, "infer": {"tp","pp","dp","ep","order"}},
-      "groups": {"t","p","d","t_g","p_g","k_t","k_p","d_g","fsdp",
+      "groups": {"t","p","d","t_g","p_g","k_t","k_p","d_g","fsdp","placement",   # placement verl: k_t = k_p = d_g = 0
                  "counts": {"micro_dp","gen_tp","gen_pp","engines"},
                  "micro_dp": [[rank,...], ...], "gen_tp": [...], "gen_pp": [...],   # first `group_limit` groups
                  "truncated": bool, "micro_dp_groups_spanning_nodes": int},
@@ -20,6 +20,7 @@ JSON schema of ``Plan.to_dict()`` (bytes are integers, times seconds)::
                          "phases": [{"name","link","max_bytes","seconds"}]}},
       "time_s": {scheme: seconds},
       "zero_redundancy_scheme": "hybridflow" | "fsdp_to_tp" | null,
+      "sync_path": {"by": "hybrid_engine" | "verl", "scheme", "line"} | null,
       "memory": {...see memory.estimate_memory: gpu_bytes, actor, critic, ref_params, activations, rollout,
                  phases, peak_phase, peak_bytes, headroom_bytes, fits},
       "fits": bool | null, "headroom_bytes": int | null,
@@ -73,6 +74,7 @@ def plan_to_dict(plan: Plan) -> dict:
         "bytes": {name: scheme.to_dict() for name, scheme in plan.bytes.items()},
         "time_s": {name: scheme.time_s for name, scheme in plan.bytes.items()},
         "zero_redundancy_scheme": plan.zero_redundancy_scheme,
+        "sync_path": plan.sync_path,
         "memory": plan.memory,
         "fits": plan.fits,
         "headroom_bytes": plan.headroom_bytes,
@@ -101,19 +103,27 @@ def render_table(plan: Plan) -> str:
     g = plan.groups
     if g is not None:
         lines.append("")
-        lines.append(
-            f"groups   t={g.t} p={g.p} d={g.d} -> t_g={g.t_g} p_g={g.p_g}: k_t={g.k_t} k_p={g.k_p},"
-            f" micro-DP size d_g={g.d_g}"
-        )
-        for kind, label, count in (
-            ("micro_dp", "micro-DP", g.num_micro_dp_groups),
-            ("gen_tp", "gen TP", g.num_gen_tp_groups),
-            ("gen_pp", "gen PP", g.num_gen_pp_groups),
-        ):
+        if g.hybridflow:
+            lines.append(
+                f"groups   t={g.t} p={g.p} d={g.d} -> t_g={g.t_g} p_g={g.p_g}: k_t={g.k_t} k_p={g.k_p},"
+                f" micro-DP size d_g={g.d_g}"
+            )
+        else:
+            lines.append(
+                f"groups   t={g.t} p={g.p} d={g.d} -> t_g={g.t_g} p_g={g.p_g}: verl's placement, engines on"
+                f" consecutive ranks; no micro-DP groups"
+            )
+        kinds = [("gen_tp", "gen TP", g.num_gen_tp_groups), ("gen_pp", "gen PP", g.num_gen_pp_groups)]
+        if g.hybridflow:
+            kinds.insert(0, ("micro_dp", "micro-DP", g.num_micro_dp_groups))
+        for kind, label, count in kinds:
             shown = g.groups(kind, limit=4)
             noun = "group" if count == 1 else "groups"
             more = f" ... ({count} {noun})" if count > len(shown) else f" ({count} {noun})"
             lines.append(f"  {label:<9}" + " ".join("{" + ",".join(map(str, grp)) + "}" for grp in shown) + more)
+    sync = plan.sync_path
+    if sync is not None:
+        lines.append(f"sync     {sync['line']}")
     if plan.bytes:
         lines.append("")
         lines.append(
@@ -188,8 +198,9 @@ def draw_picture(plan: Plan, path, max_cells: int = 256) -> None:
             y = rows - 1 - stage
             ax.add_patch(plt.Rectangle((tp, y), 0.95, 0.9, color=cmap(group_index), alpha=0.85))
             ax.text(tp + 0.47, y + 0.55, str(rank), ha="center", va="center", fontsize=8, weight="bold")
-            ax.text(tp + 0.47, y + 0.22, f"τ{info.gen_tp} μ{info.micro_dp}", ha="center", va="center", fontsize=6)
-    for stage in range(rows):
+            label = f"τ{info.gen_tp} μ{info.micro_dp}" if g.hybridflow else f"τ{info.gen_tp} e{info.engine}"
+            ax.text(tp + 0.47, y + 0.22, label, ha="center", va="center", fontsize=6)
+    for stage in range(rows if g.hybridflow else 0):
         for low in range(min(g.k_t, cols)):
             xs = [tau * g.k_t + low + 0.47 for tau in range(g.t_g) if tau * g.k_t + low < cols]
             y = rows - 1 - stage + 0.06 + 0.1 * low
@@ -200,9 +211,10 @@ def draw_picture(plan: Plan, path, max_cells: int = 256) -> None:
     ax.set_xticks([c + 0.47 for c in range(cols)], [f"tp{c}" for c in range(cols)], fontsize=7)
     ax.set_yticks([rows - 1 - s + 0.45 for s in range(rows)], [f"pp{s}" for s in range(rows)], fontsize=7)
     shown = "" if rows == g.p and cols == g.t else f" (first {rows} of {g.p} stages, {cols} of {g.t} TP ranks)"
+    legend = "colour = micro-DP group, line = gen TP group" if g.hybridflow else (
+        "verl's placement: colour = gen TP rank and stage, e = engine")
     ax.set_title(
-        f"{plan.arch.name}: train t={g.t} p={g.p} d={g.d} -> gen t_g={g.t_g} p_g={g.p_g}; colour = micro-DP group,"
-        f" line = gen TP group{shown}",
+        f"{plan.arch.name}: train t={g.t} p={g.p} d={g.d} -> gen t_g={g.t_g} p_g={g.p_g}; {legend}{shown}",
         fontsize=8,
     )
     ax.set_aspect("equal")

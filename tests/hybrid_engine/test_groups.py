@@ -136,3 +136,42 @@ def test_groups_partition_and_shards_nest(layout):
 
 def test_layout_count():
     assert len(ALL_LAYOUTS) == 3588
+
+
+def test_diff_tp_gets_verl_placement_only_when_asked():
+    """verl's Megatron diff-TP example (train tp2 pp2, generate tp4 on 8 GPUs): no micro-DP groups exist; the
+    resharder's placement refuses it, ``auto`` describes verl's run: engines on consecutive ranks."""
+    train, infer = TrainLayout(tp=2, pp=2).resolve(8), InferLayout(tp=4).resolve(8)
+    with pytest.raises(LayoutError, match=r"infer.tp\(4\) must divide layout.train.tp\(2\)"):
+        hybrid_groups(train, infer)
+    g = hybrid_groups(train, infer, placement="auto")
+    assert g.placement == "verl" and not g.hybridflow
+    assert (g.k_t, g.k_p, g.d_g, g.num_micro_dp_groups, g.num_engines) == (0, 0, 0, 0, 2)
+    assert g.groups("gen_tp") == [[0, 1, 2, 3], [4, 5, 6, 7]] and g.groups("micro_dp") == []
+    assert g.gen_tp_group(6) == [4, 5, 6, 7] and g.engine_ranks(6) == [4, 5, 6, 7]
+    a = g.arrays
+    assert a["gen_tp"].tolist() == [0, 1, 2, 3, 0, 1, 2, 3] and a["engine"].tolist() == [0] * 4 + [1] * 4
+    # Megatron order tp-cp-ep-dp-pp: ranks 0-3 are stage 0 (tp 0, 1 of dp 0 and 1), ranks 4-7 stage 1
+    assert a["stage"].tolist() == [0, 0, 0, 0, 1, 1, 1, 1] and a["tp"].tolist() == [0, 1, 0, 1, 0, 1, 0, 1]
+    info = g.rank_info(6)
+    assert (info.gen_tp, info.gen_pp, info.engine, info.micro_dp, info.generation_shard) == (2, 0, 1, -1, ())
+    assert g.to_dict()["placement"] == "verl" and g.spans_nodes("micro_dp", 4) == 0
+    with pytest.raises(LayoutError, match="no micro-DP groups"):
+        g.micro_dp_group(0)
+
+
+def test_verl_placement_with_generation_pipeline():
+    g = hybrid_groups(TrainLayout(tp=2, pp=2).resolve(8), InferLayout(tp=2, pp=4).resolve(8), placement="auto")
+    assert g.placement == "verl"  # infer.pp(4) does not divide train.pp(2)
+    assert g.gen_pp_group(3) == [1, 3, 5, 7] and g.groups("gen_pp") == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert g.engine_ranks(5) == list(range(8))
+
+
+def test_auto_keeps_hybridflow_where_it_applies():
+    g = hybrid_groups(TrainLayout(tp=8, pp=4).resolve(32), InferLayout(tp=4).resolve(32), placement="auto")
+    assert g.placement == "hybridflow" and g.d_g == 8
+
+
+def test_auto_still_refuses_what_verl_cannot_run():
+    with pytest.raises(LayoutError, match="generation runs on the training GPUs"):
+        hybrid_groups(TrainLayout(dp=1, tp=4, pp=2), InferLayout(tp=3, pp=4, dp=1), placement="auto")

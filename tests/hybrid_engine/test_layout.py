@@ -9,6 +9,7 @@ from hybrid_engine.layout import (
     TrainLayout,
     check_compatible,
     collect_layout_errors,
+    hybridflow_problems,
 )
 
 DESC = "cluster.nnodes 2 * cluster.gpus_per_node 8"
@@ -112,14 +113,40 @@ def test_compatible_hybridflow():
 
 def test_incompatible_tp_pp_ep_world():
     train = TrainLayout(dp=2, tp=4, pp=2, ep=2)
-    problems = check_compatible(train, InferLayout(tp=3, pp=4, dp=1, ep=3))
-    assert problems == [
+    infer = InferLayout(tp=3, pp=4, dp=1, ep=3)
+    # what verl cannot run: generation on other GPUs than training
+    assert check_compatible(train, infer) == [
         "layout.infer: tp(3)*pp(4)*dp(1)=12 != layout.train world dp(2)*tp(4)*pp(2)*cp(1)=16"
         " (generation runs on the training GPUs)",
+    ]
+    # what the pack's resharder cannot take (verl's own weight sync still runs such a pair)
+    assert hybridflow_problems(train, infer) == [
         "layout.infer.tp: infer.tp(3) must divide layout.train.tp(4) (4 % 3 = 1)",
         "layout.infer.pp: infer.pp(4) must divide layout.train.pp(2) (2 % 4 = 2)",
         "layout.infer.ep: infer.ep(3) must divide layout.train.ep(2) (2 % 3 = 2)",
     ]
+
+
+def test_generation_tp_above_training_tp_is_what_verl_runs():
+    """verl's Megatron diff-TP example: train tp2 pp2 on 8 GPUs, generate with tp4 (verl 0.9.1 only needs the
+    engines to divide the world); the pack's resharder needs infer.tp | train.tp, so it is not the sync path."""
+    train = TrainLayout(tp=2, pp=2).resolve(8)
+    infer = InferLayout(tp=4).resolve(8)
+    assert check_compatible(train, infer) == []
+    assert hybridflow_problems(train, infer) == [
+        "layout.infer.tp: infer.tp(4) must divide layout.train.tp(2) (2 % 4 = 2)"
+    ]
+    assert collect_layout_errors({"tp": 2, "pp": 2}, {"tp": 4}, 8, DESC)[2] == []
+
+
+def test_an_engine_larger_than_a_node_takes_whole_nodes():
+    train = TrainLayout(tp=4).resolve(24)
+    assert check_compatible(train, InferLayout(tp=12).resolve(24), gpus_per_node=8) == [
+        "layout.infer: an engine of tp(12)*pp(1)=12 GPUs spans nodes of 8 GPUs and must take whole nodes"
+        " (12 % 8 = 4)"
+    ]
+    assert check_compatible(train, InferLayout(tp=12).resolve(24), gpus_per_node=12) == []
+    assert check_compatible(TrainLayout(tp=8).resolve(32), InferLayout(tp=16).resolve(32), gpus_per_node=8) == []
 
 
 def test_fsdp_training_reshards_to_any_dividing_tp():
@@ -134,7 +161,6 @@ def test_collect_never_raises_and_collects_everything():
         "layout.train: dp(1)*tp(8)*pp(4)*cp(1)=32 != world_size 16 (cluster.nnodes 2 * cluster.gpus_per_node 8)",
         "layout.infer: dp=-1 needs tp(3)*pp(1)=3 to divide world_size 16"
         " (cluster.nnodes 2 * cluster.gpus_per_node 8) (remainder 1)",
-        "layout.infer.tp: infer.tp(3) must divide layout.train.tp(8) (8 % 3 = 2)",
     ]
 
 

@@ -41,7 +41,9 @@ BAD = [
      "layout.train.tp: Megatron needs tp(8) to divide qwen3_30b_a3b's 4 kv heads: 4 % 8 = 4"),
     ("grpo", ["parallel=tp8", "model=qwen2_5_0_5b"],
      "layout.infer.tp: qwen2_5_0_5b has 14 attention heads, not divisible by tp(8): 14 % 8 = 6"),
-    ("kl_ppo", ["strategy=megatron", "parallel=tp4pp2", "layout.infer.tp=8"], "layout.infer.tp"),
+    # generation TP above training TP is fine (verl runs it); an engine that does not divide the world is not
+    ("kl_ppo", ["strategy=megatron", "parallel=tp4pp2", "layout.infer.tp=3"],
+     "layout.infer: dp=-1 needs tp(3)*pp(1)=3 to divide world_size 8"),
     ("grpo", ["cluster.nnodes=0"], "cluster.nnodes: must be a positive integer, got 0"),
     ("grpo", ["action=deploy"], "action: unknown action 'deploy'; choose from validate, plan, train"),
     ("grpo", ["actor_rollout_ref.rollout.n=0"], "actor_rollout_ref.rollout.n: must be a positive integer, got 0"),

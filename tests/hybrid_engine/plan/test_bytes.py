@@ -10,9 +10,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hybrid_engine.groups import hybrid_groups
-from hybrid_engine.layout import FSDP_ORDER, InferLayout, TrainLayout
+from hybrid_engine.layout import FSDP_ORDER, InferLayout, LayoutError, TrainLayout
 from hybrid_engine.model_spec import ModelSpec, arch_from_config, build_spec
-from hybrid_engine.plan.bytes import compute_bytes, fraction_text, fsdp_chunk, received_by_tensor, stage_bounds
+from hybrid_engine.plan.bytes import (
+    compute_bytes,
+    fraction_text,
+    fsdp_chunk,
+    generation_shard_peak,
+    received_by_tensor,
+    stage_bounds,
+)
 from hybrid_engine.plan.settings import ClusterSpec
 
 CLUSTER = ClusterSpec(nnodes=1, gpus_per_node=64)
@@ -393,3 +400,61 @@ def test_received_by_tensor_names_the_tensors():
     # tp 4 > 2 kv heads: rank 0 holds kv head 0 in training and keeps just head 0 at tp 2
     assert per_tensor["model.layers.0.self_attn.k_proj.weight"] == 0
     assert per_tensor["model.embed_tokens.weight"] == 128 * 64 * 2
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# layouts the HybridFlow scheme cannot take (generation TP above training TP, ...): verl's placement and sync
+# ---------------------------------------------------------------------------------------------------------------------
+
+DIFF_TP = [
+    (TINY, 2, 2, 2, 4, 1, 1, 1),  # verl's Megatron diff-TP example, shrunk: train tp2 pp2 -> generate tp4
+    (ODD, 1, 3, 4, 2, 1, 1, 1),  # tp=1 Megatron (whole layers per rank) -> tp2: 6 heads, ffn 100, vocab 101
+    (ODD, 2, 1, 3, 3, 1, 1, 1),  # tp3 over 6 heads from tp2: neither divides the other
+    (TINY, 2, 2, 2, 1, 4, 1, 1),  # infer.pp 4 does not divide train.pp 2
+    (MOE, 2, 1, 4, 4, 1, 2, 4),  # generation tp and ep above training's
+    (MLA, 2, 3, 2, 4, 1, 2, 1),
+]
+
+
+def _brute_generation_peak(spec, world, t_g, p_g, ep_g):
+    """Largest generation shard (bytes) over the ranks of verl's placement: tau = rank % t_g, pi = rank // t_g % p_g,
+    experts of the fullest generation EP rank, written out with masks."""
+    placed = _stage_keys(spec, p_g)
+    best = 0
+    for rank in range(world):
+        tau, pi = rank % t_g, rank // t_g % p_g
+        for e in range(ep_g):
+            need = sum(int((_tp_mask(x, t_g, tau) & _ep_mask(x, ep_g, e)).sum()) for x in placed[pi].values())
+            best = max(best, need * 2)
+    return best
+
+
+@pytest.mark.parametrize("spec,t,p,d,t_g,p_g,ep,ep_g", DIFF_TP, ids=[f"{c[0].arch.name}-{c[1:]}" for c in DIFF_TP])
+def test_verl_placement_bytes_match_brute_force(spec, t, p, d, t_g, p_g, ep, ep_g):
+    world = t * p * d
+    train, infer = TrainLayout(dp=d, tp=t, pp=p, ep=ep), InferLayout(tp=t_g, pp=p_g, ep=ep_g).resolve(world)
+    with pytest.raises(LayoutError):
+        hybrid_groups(train, infer)  # the resharder's placement refuses it
+    groups = hybrid_groups(train, infer, placement="auto")
+    assert groups.placement == "verl"
+    b = compute_bytes(spec, groups, CLUSTER, 2)
+    assert set(b) == {"tp_group_gather", "full_gather"}
+    # verl's sync: every rank receives the whole model less its training shard, whatever the generation layout
+    assert b["tp_group_gather"].received.tolist() == _brute_tp_group(spec, t, p, d, ep)
+    full, _ = _brute_fsdp(spec, world, 1)
+    assert b["full_gather"].received.tolist() == full
+    assert generation_shard_peak(spec, groups, 2) == _brute_generation_peak(spec, world, t_g, p_g, ep_g)
+    for rank in range(world):
+        per_tensor = received_by_tensor(spec, groups, rank, "tp_group_gather", 2)
+        assert sum(per_tensor.values()) == b["tp_group_gather"].received[rank]
+    with pytest.raises(ValueError, match="HybridFlow's placement"):
+        compute_bytes(spec, groups, CLUSTER, 2, ["hybridflow"])
+
+
+@pytest.mark.parametrize("spec,t,p,d,t_g,p_g,ep,ep_g", CASES, ids=[f"{c[0].arch.name}-{c[1:]}" for c in CASES])
+def test_generation_shard_peak_is_hybridflows_peak(spec, t, p, d, t_g, p_g, ep, ep_g):
+    groups = hybrid_groups(
+        TrainLayout(dp=d, tp=t, pp=p, ep=ep), InferLayout(tp=t_g, pp=p_g, ep=ep_g).resolve(t * p * d)
+    )
+    b = compute_bytes(spec, groups, CLUSTER, 2, ["hybridflow"])["hybridflow"]
+    assert generation_shard_peak(spec, groups, 2) == b.peak_param_bytes

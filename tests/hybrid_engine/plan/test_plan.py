@@ -72,8 +72,43 @@ def test_errors_are_collected_not_raised():
 
 def test_incompatible_layouts_are_errors():
     settings = PlanSettings(strategy="megatron")
-    plan = _plan("qwen2_7b", {"tp": 4, "pp": 2}, {"tp": 8}, ClusterSpec(nnodes=1), settings)
-    assert plan.errors == ["layout.infer.tp: infer.tp(8) must divide layout.train.tp(4) (4 % 8 = 4)"]
+    plan = _plan("qwen2_7b", {"tp": 4, "pp": 2}, {"tp": 12}, ClusterSpec(nnodes=3), settings)
+    assert plan.errors == [
+        "layout.infer: an engine of tp(12)*pp(1)=12 GPUs spans nodes of 8 GPUs and must take whole nodes (12 % 8 = 4)"
+    ]
+    plan = _plan("qwen2_7b", {"tp": 4, "pp": 2}, {"tp": 12, "dp": 1}, ClusterSpec(nnodes=1), settings)
+    assert plan.errors[0].startswith("layout.infer: tp(12)*pp(1)*dp(1)=12 != world_size 8")
+    assert plan.groups is None and plan.bytes == {} and plan.sync_path is None
+
+
+def test_generation_tp_above_training_tp_is_planned_as_verl_runs_it():
+    """verl's Megatron diff-TP example (Qwen2.5-7B, train tp2 pp2, rollout tp4, 8 GPUs): verl's own sync path, the
+    whole model on every GPU; the resharder's scheme is not offered."""
+    plan = _plan("qwen2_5_7b", {"tp": 2, "pp": 2}, {"tp": 4}, ClusterSpec(nnodes=1), PlanSettings(strategy="megatron"))
+    assert plan.errors == []
+    assert plan.groups.placement == "verl" and plan.zero_redundancy_scheme is None
+    assert set(plan.bytes) == {"tp_group_gather", "full_gather"}
+    assert plan.sync_path["by"] == "verl" and plan.sync_path["scheme"] == "tp_group_gather"
+    assert plan.sync_path["line"].endswith("infer.tp 4 does not divide train.tp 2")
+    m = plan.model_bytes
+    # every rank receives what its (stage, tp) shard lacks of the whole model, about 3/4 M (the stages differ a
+    # little: the embedding sits on the first, norm and lm_head on the last); test_bytes counts it element by element
+    assert 0.74 * m < plan.bytes["tp_group_gather"].min <= plan.bytes["tp_group_gather"].max <= m * 3 // 4 + 1
+    # the rollout holds its generation shard: a quarter of every layer (tp 4), all layers (pp 1)
+    assert plan.memory["rollout"]["weights"] == pytest.approx(m / 4, rel=0.01)
+    assert plan.fits
+    text = plan.render_table()
+    assert "sync     verl's own (tp_group_gather" in text and "no micro-DP groups" in text
+    data = json.loads(json.dumps(plan.to_dict()))
+    assert data["groups"]["placement"] == "verl" and data["sync_path"]["by"] == "verl"
+
+
+def test_sync_path_names_the_resharder_where_it_applies():
+    assert _plan(**QWEN_32).sync_path["scheme"] == "hybridflow"
+    fsdp = _plan("qwen2_5_0_5b", {"dp": -1}, {"tp": 2}, ClusterSpec(nnodes=1), PlanSettings(strategy="fsdp2"))
+    assert fsdp.sync_path == {
+        "by": "hybrid_engine", "scheme": "fsdp_to_tp",
+        "line": "the pack's resharder (fsdp_to_tp: FSDP Shard(0) over 8 ranks -> generation TP 2, zero redundancy)"}
 
 
 def test_to_dict_schema():
