@@ -1,19 +1,26 @@
 """The embedded CPU default and what counts as choosing a GPU layout instead.
 
-On a machine without GPUs, a command line that describes no layout gets the embedded default: verl's trainer on
-this machine's CPU cores, with the tiny model and task built locally. These are group choices only: the values
-themselves live in conf/ (``parallel/cpu.yaml``, ``cluster/cpu.yaml``, ``rollout/hf.yaml``, ``model/tiny.yaml``,
-``task/tiny.yaml``), and ``recipes.verl_ext.plugin.cpu_overrides`` reads its plain verl overrides from there too.
+On a machine without GPUs, a command line that describes no layout (no ``parallel=``, ``cluster=`` or
+``experiment=``, and none of verl's own layout keys such as ``trainer.n_gpus_per_node=8``) gets the embedded default:
+verl's trainer on this machine's CPU cores, with the tiny model and task built locally. These are group choices only:
+the values themselves live in conf/ (``parallel/cpu.yaml``, ``cluster/cpu.yaml``, ``rollout/hf.yaml``,
+``model/tiny.yaml``, ``task/tiny.yaml``), and ``recipes.verl_ext.plugin.cpu_overrides`` reads its plain verl
+overrides from there too.
 """
 
 from __future__ import annotations
 
-from recipes.overrides import chosen_keys
+from recipes.layout_keys import LAYOUT_FED_KEYS
+from recipes.overrides import chosen_keys, override_key
 
 # Groups that make the embedded CPU default; each is added only when the user did not choose it.
 EMBEDDED_DEFAULTS = {"parallel": "cpu", "cluster": "cpu", "rollout": "hf", "model": "tiny", "task": "tiny"}
 # Choosing any of these groups means "I describe a GPU cluster": then nothing is added.
 GPU_INTENT = ("parallel", "cluster", "experiment")
+# verl's own layout keys (trainer.n_gpus_per_node, trainer.nnodes, rollout and Megatron parallel sizes, Ulysses
+# sizes), as verl's example scripts type them, describe a GPU layout just as well. The pack's own keys
+# (cluster.gpus_per_node=2, layout.infer.tp=1) do not: they tune the embedded default (README, "The embedded default").
+GPU_INTENT_KEYS = tuple(LAYOUT_FED_KEYS)
 
 
 def has_accelerator() -> bool:
@@ -22,10 +29,19 @@ def has_accelerator() -> bool:
     return torch.cuda.is_available()
 
 
+def chooses_layout(argv: list[str]) -> bool:
+    """True when the command line describes a layout: a GPU_INTENT group, or a verl layout key set to a value
+    (``trainer.n_gpus_per_node=8``, ``+trainer.nnodes=2``; deleting one with ``~`` describes nothing)."""
+    if chosen_keys(argv) & set(GPU_INTENT):
+        return True
+    typed = {override_key(arg) for arg in argv if not arg.startswith("~")}
+    return bool(typed & set(GPU_INTENT_KEYS))
+
+
 def embedded_defaults(argv: list[str], accelerator: bool) -> list[str]:
     """The overrides to add for the embedded CPU default: none on a GPU machine or when a layout was chosen."""
     chosen = chosen_keys(argv)
     # launcher=ray: the run goes to an existing cluster, whose hardware is not this machine's (recipes/ray_jobs.py)
-    if accelerator or chosen & set(GPU_INTENT) or "launcher=ray" in argv:
+    if accelerator or chooses_layout(argv) or "launcher=ray" in argv:
         return []
     return [f"{group}={option}" for group, option in EMBEDDED_DEFAULTS.items() if group not in chosen]
