@@ -1,9 +1,10 @@
 """Model specs: the architecture numbers of an HF model (``ModelArch``) and, from them, every tensor with its shape
 and tensor-parallel partition (``ModelSpec``), without loading a weight.
 
-``load_arch`` reads an HF ``config.json`` (a folder, a file, a shipped name such as ``qwen2_7b``, or the hub id of a
-shipped model such as ``Qwen/Qwen2-7B``). The shipped configs in ``hybrid_engine/model_configs/`` copy the public HF
-configs' architecture numbers (DeepSeek-V3 without its FP8 ``quantization_config``: we plan in bf16).
+``load_arch`` reads an HF ``config.json`` (a folder, a file, a shipped name such as ``qwen2_7b``, or a hub id of a
+shipped model such as ``Qwen/Qwen2-7B-Instruct``: ``SHIPPED_HUB_IDS``). The shipped configs in
+``hybrid_engine/model_configs/`` copy the public HF configs' architecture numbers (DeepSeek-V3 without its FP8
+``quantization_config``: we plan in bf16). A malformed config is a ``ModelSpecError`` naming the file and the field.
 
 Nothing at import time needs torch or transformers; ``build_spec(..., method="meta")`` imports them on demand.
 """
@@ -11,12 +12,14 @@ Nothing at import time needs torch or transformers; ``build_spec(..., method="me
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 __all__ = [
     "HUB_IDS",
     "MODEL_CONFIG_DIR",
+    "SHIPPED_HUB_IDS",
     "PARTITIONS",
     "ModelArch",
     "ModelSpec",
@@ -26,6 +29,8 @@ __all__ = [
     "build_spec",
     "hub_id",
     "load_arch",
+    "looks_like_hub_id",
+    "shipped_name_of_hub_id",
     "shipped_models",
     "units_range",
 ]
@@ -44,6 +49,44 @@ HUB_IDS: dict[str, str] = {
     "tiny": "",
 }
 """Shipped name -> Hugging Face hub id ("" for ``tiny``: built locally with random weights)."""
+
+SHIPPED_HUB_IDS: dict[str, tuple[str, ...]] = {
+    # a base model and its instruct model share every architecture number (they differ in max_position_embeddings,
+    # bos/eos ids and the chat template, none of which a shape check or the plan reads)
+    "qwen2_7b": ("Qwen/Qwen2-7B", "Qwen/Qwen2-7B-Instruct"),
+    "qwen2_5_0_5b": ("Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-0.5B-Instruct"),
+    "qwen2_5_7b": ("Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-7B-Instruct"),
+    "qwen2_5_32b": ("Qwen/Qwen2.5-32B", "Qwen/Qwen2.5-32B-Instruct"),
+    "llama3_1_8b": (
+        "meta-llama/Llama-3.1-8B",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "meta-llama/Meta-Llama-3.1-8B",
+        "meta-llama/Meta-Llama-3.1-8B-Instruct",
+    ),
+    "llama3_1_70b": (
+        "meta-llama/Llama-3.1-70B",
+        "meta-llama/Llama-3.1-70B-Instruct",
+        "meta-llama/Meta-Llama-3.1-70B",
+        "meta-llama/Meta-Llama-3.1-70B-Instruct",
+    ),
+    "qwen3_30b_a3b": ("Qwen/Qwen3-30B-A3B",),
+    "deepseek_v3": ("deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-V3-Base"),
+}
+"""Shipped name -> every hub id whose config.json has that shipped config's architecture numbers. The one table
+that maps a hub id to a shipped config (``shipped_name_of_hub_id``, ``load_arch``)."""
+
+_BY_HUB_ID = {hub.lower(): name for name, hubs in SHIPPED_HUB_IDS.items() for hub in hubs}
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def shipped_name_of_hub_id(text: str) -> str | None:
+    """The shipped config of hub id ``text`` (case-insensitive, as the hub resolves ids), or None."""
+    return _BY_HUB_ID.get(str(text).strip().rstrip("/").lower())
+
+
+def looks_like_hub_id(text: str) -> bool:
+    """``owner/name`` and nothing else: no leading ``/``, ``.``, ``~``, no second ``/`` (then it is a path)."""
+    return bool(_HUB_ID.fullmatch(str(text).strip().rstrip("/")))
 
 
 class ModelSpecError(ValueError):
@@ -126,6 +169,8 @@ class ModelArch:
     """MLA: width of each value head (otherwise head_dim)."""
     config: dict = field(default_factory=dict, repr=False, compare=False)
     """The raw config.json (used to build the model on the meta device)."""
+    source: str = field(default="", compare=False)
+    """Where these numbers were read, in words (``load_arch``: the config file; callers may say more)."""
 
     @property
     def is_moe(self) -> bool:
@@ -159,9 +204,7 @@ class ModelArch:
 
 def _find_config(name_or_path: str | Path) -> tuple[Path, str]:
     text = str(name_or_path)
-    by_hub = {hub: name for name, hub in HUB_IDS.items() if hub}
-    if text in by_hub:
-        text = by_hub[text]
+    text = shipped_name_of_hub_id(text) or text
     shipped = MODEL_CONFIG_DIR / text / "config.json"
     if "/" not in text and shipped.is_file():
         return shipped, text
@@ -172,21 +215,63 @@ def _find_config(name_or_path: str | Path) -> tuple[Path, str]:
         return path, str(path)
     raise ModelSpecError(
         f"model {text!r} not found: not a shipped name, a folder with config.json, or a config file."
-        f" Shipped: {shipped_models()} (or their hub ids: {sorted(by_hub)})"
+        f" Shipped: {shipped_models()} (or their hub ids: {sorted(h for hs in SHIPPED_HUB_IDS.values() for h in hs)})"
     )
 
 
-def arch_from_config(config: dict, name: str = "custom") -> ModelArch:
-    """A ``ModelArch`` from a config.json dict (nested ``text_config`` is followed when the top has no sizes)."""
+_REQUIRED_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+_OPTIONAL_SIZES = ("num_key_value_heads", "head_dim", "qk_nope_head_dim", "qk_rope_head_dim")
+_OPTIONAL_COUNTS = (
+    "intermediate_size", "moe_intermediate_size", "num_experts", "n_routed_experts", "num_local_experts",
+    "n_shared_experts", "num_experts_per_tok", "first_k_dense_replace", "kv_lora_rank", "q_lora_rank", "v_head_dim",
+    "shared_expert_intermediate_size", "max_position_embeddings",
+)
+
+
+def _is_count(value: object, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def _config_problem(config: dict) -> str | None:
+    """The first field of a config.json dict that a ModelArch cannot take, as ``field: why``; None when usable."""
+    if not isinstance(config.get("model_type"), str) or not config.get("model_type"):
+        return f"model_type: must be a non-empty string, got {config.get('model_type')!r}"
+    for key in _REQUIRED_SIZES:
+        if not _is_count(config[key], 1):
+            return f"{key}: must be a positive integer, got {config[key]!r}"
+    for key, minimum in [(k, 1) for k in _OPTIONAL_SIZES] + [(k, 0) for k in _OPTIONAL_COUNTS]:
+        value = config.get(key)
+        if value is not None and not _is_count(value, minimum):
+            kind = "a positive integer" if minimum else "a non-negative integer"
+            return f"{key}: must be {kind} (or absent), got {value!r}"
+    heads, kv = config["num_attention_heads"], config.get("num_key_value_heads") or config["num_attention_heads"]
+    if not config.get("kv_lora_rank") and heads % kv:
+        return f"num_key_value_heads: {kv} must divide num_attention_heads {heads} ({heads} % {kv} = {heads % kv})"
+    if not config.get("kv_lora_rank") and not config.get("head_dim") and config["hidden_size"] % heads:
+        return (f"head_dim: absent, and hidden_size {config['hidden_size']} is not a multiple of num_attention_heads"
+                f" {heads}")
+    if config.get("kv_lora_rank") and not (config.get("qk_nope_head_dim") and config.get("qk_rope_head_dim")):
+        return "qk_nope_head_dim: MLA (kv_lora_rank > 0) needs qk_nope_head_dim and qk_rope_head_dim"
+    return None
+
+
+def arch_from_config(config: dict, name: str = "custom", source: str | None = None) -> ModelArch:
+    """A ``ModelArch`` from a config.json dict (nested ``text_config`` is followed when the top has no sizes).
+
+    A config a ModelArch cannot take raises ModelSpecError naming ``source`` (the file; default ``model 'name'``)
+    and the field: ``/m/config.json: num_attention_heads: must be a positive integer, got '32'``.
+    """
+    where = source or f"model {name!r}"
+    if not isinstance(config, dict):
+        raise ModelSpecError(f"{where}: must be a JSON object, got {type(config).__name__}")
     if "hidden_size" not in config and isinstance(config.get("text_config"), dict):
         config = {**config["text_config"], "tie_word_embeddings": config.get("tie_word_embeddings", False)}
-    missing = [
-        key
-        for key in ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-        if key not in config
-    ]
+    missing = [key for key in ("model_type", *_REQUIRED_SIZES) if key not in config]
     if missing:
-        raise ModelSpecError(f"model {name!r}: config.json lacks {missing}")
+        raise ModelSpecError(f"{where}: {missing[0]}: missing (config.json lacks {missing})")
+    problem = _config_problem(config)
+    if problem:
+        raise ModelSpecError(f"{where}: {problem}")
     model_type = config["model_type"]
     heads = config["num_attention_heads"]
     kv_lora_rank = config.get("kv_lora_rank") or 0
@@ -230,17 +315,23 @@ def arch_from_config(config: dict, name: str = "custom") -> ModelArch:
         qk_nope_head_dim=config.get("qk_nope_head_dim") or 0,
         v_head_dim=config.get("v_head_dim") or 0,
         config=dict(config),
+        source=source or "",
     )
 
 
 def load_arch(name_or_path: str | Path) -> ModelArch:
-    """Read a model's architecture: a shipped name (``shipped_models()``), its hub id, a folder or a config.json."""
+    """Read a model's architecture: a shipped name (``shipped_models()``), its hub id, a folder or a config.json.
+
+    A file that is not JSON, or a field a ModelArch cannot take, raises ModelSpecError naming the file (and the field).
+    """
     path, name = _find_config(name_or_path)
     try:
         config = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise ModelSpecError(f"model {name!r}: cannot read {path}: {error}") from error
-    return arch_from_config(config, name)
+    except OSError as error:
+        raise ModelSpecError(f"{path}: cannot read: {error.strerror or error}") from error
+    except json.JSONDecodeError as error:
+        raise ModelSpecError(f"{path}: not valid JSON: {error}") from error
+    return arch_from_config(config, name, source=str(path))
 
 
 # ---------------------------------------------------------------------------------------------------------------------

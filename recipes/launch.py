@@ -184,10 +184,15 @@ def check_action(cfg: DictConfig) -> str:
 
 
 def describe(run: ValidatedRun) -> str:
+    """The ``config OK:`` line: both layouts, the cluster, and the model checked with where its numbers came from."""
     t, i = run.train, run.infer
     cfg = run.cfg
+    if run.arch is not None:
+        model = f"model {run.arch.name}" + (f" ({run.arch.source})" if run.arch.source else "")
+    else:
+        model = f"model not checked ({OmegaConf.select(cfg, 'actor_rollout_ref.model.path')}: no config.json here)"
     return (
         f"{cfg.strategy.name} train dp{t.dp} tp{t.tp} pp{t.pp} cp{t.cp} ep{t.ep} -> {cfg.rollout.name} "
         f"infer tp{i.tp} pp{i.pp} x{i.dp} replicas on {cfg.cluster.nnodes}x{cfg.cluster.gpus_per_node} "
-        f"{cfg.cluster.gpu.name}, model {cfg.model.name}"
+        f"{cfg.cluster.gpu.name}, {model}"
     )

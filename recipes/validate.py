@@ -11,12 +11,23 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from hybrid_engine.layout import FSDP_ORDER, InferLayout, TrainLayout, collect_layout_errors
-from hybrid_engine.model_spec import MODEL_CONFIG_DIR, ModelArch, load_arch
+from hybrid_engine.model_spec import (
+    MODEL_CONFIG_DIR,
+    ModelArch,
+    ModelSpecError,
+    load_arch,
+    looks_like_hub_id,
+    shipped_models,
+    shipped_name_of_hub_id,
+)
+from recipes.confdir import recipe_defaults
 from recipes.errors import ConfigError
 from recipes.layout_keys import Adoption, adopt, find_adoptions
+from recipes.overrides import override_key, override_value
 from recipes.verl_ext import api as verl
 from recipes.verl_ext.stability.entropy import entropy_warnings
 
@@ -70,25 +81,102 @@ def _layout_dict(cfg: DictConfig, key: str, problems: list[str]) -> dict:
     return out
 
 
-def load_model_arch(cfg: DictConfig, problems: list[str]) -> ModelArch | None:
-    """The policy's architecture: a local HF folder at actor_rollout_ref.model.path, else the shipped model.name."""
+def load_model_arch(
+    cfg: DictConfig, problems: list[str], warnings: list[str] | None = None, *, model_chosen: bool | None = None
+) -> ModelArch | None:
+    """The architecture of the model that runs, read from where verl reads it: ``actor_rollout_ref.model.path``
+    (or ``hf_config_path`` when set), with ``arch.source`` saying where the numbers came from.
+
+    - a local folder (or config file): its ``config.json`` (a malformed one is one problem naming the file and field);
+    - a hub id the pack ships (``SHIPPED_HUB_IDS``): that shipped config; with ``model=<name>`` of another model
+      chosen too, a warning says which one is checked (the one at the path);
+    - another hub id, or a path not on this machine: nothing to read offline. With ``model=<name>`` chosen, that
+      shipped config is checked (a warning says so); without, a warning (a problem for ``action=plan``) that the
+      shape checks and the plan need ``model=<name>`` or a local folder, and None: no other model's numbers;
+    - no path: the shipped ``model.name``.
+
+    ``model_chosen``: whether ``model=`` was chosen explicitly; None decides it (``_model_chosen``).
+    """
+    warnings = [] if warnings is None else warnings
     name = OmegaConf.select(cfg, "model.name", default=None)
-    path = OmegaConf.select(cfg, "actor_rollout_ref.model.path", default=None)
-    candidates = []
-    if path and Path(str(path)).expanduser().joinpath("config.json").is_file():
-        candidates.append(str(Path(str(path)).expanduser()))
+    chosen = _model_chosen(cfg) if model_chosen is None else model_chosen
+    key = "actor_rollout_ref.model.hf_config_path"
+    where = _get(cfg, key, problems) if OmegaConf.select(cfg, key, default=None) is not None else None
+    if not where:
+        key = "actor_rollout_ref.model.path"
+        where = _get(cfg, key, problems)
+    shipped = None
     if name:
-        candidates.append(str(name))
-    for candidate in candidates:
         try:
-            return load_arch(candidate)
-        except Exception as error:  # noqa: BLE001
-            last = error
-    if candidates:
-        problems.append(f"model.name: cannot read the architecture of {candidates[-1]!r}: {last}".splitlines()[0])
+            shipped = load_arch(str(name))
+        except ModelSpecError as error:
+            if not where or chosen:
+                problems.append(f"model.name: {error}".splitlines()[0])
+                return None
+    if not where:
+        if shipped is None:
+            problems.append(f"model.name: not set and {key} is empty; choose model=<name> "
+                            f"({', '.join(shipped_models())}) or set {key} to a folder with config.json")
+            return None
+        return replace(shipped, source=f"model.name {name}, shipped config")
+    text = str(where)
+    local = Path(text).expanduser()
+    if local.is_dir() or local.is_file():
+        if local.is_dir() and not (local / "config.json").is_file():
+            problems.append(f"{key}: {local} has no config.json (verl reads the model's config from it)")
+            return None
+        try:
+            arch = load_arch(local)
+        except ModelSpecError as error:
+            problems.append(f"{key}: {error}".splitlines()[0])
+            return None
+        if shipped is not None and replace(arch, name=shipped.name) == shipped:
+            arch = replace(arch, name=shipped.name)  # the same numbers as the shipped config (the tiny demo model)
+        elif shipped is not None and chosen:
+            warnings.append(f"model.name: model={name} is not the model that runs: {key} {local} holds another "
+                            f"architecture; checking {local / 'config.json'}")
+        return replace(arch, source=f"local folder {local}")
+    hub = shipped_name_of_hub_id(text)
+    if hub is not None:
+        if chosen and name and str(name) != hub:
+            warnings.append(f"model.name: model={name} is not the model that runs: {key}={text} is {hub}; "
+                            f"checking {hub} (the model at the path)")
+        return replace(load_arch(hub), source=f"hub id {text}, shipped config")
+    what = "a hub id the pack does not ship" if looks_like_hub_id(text) else "not a folder on this machine"
+    if chosen and shipped is not None:
+        warnings.append(f"{key}: {text} is {what}; checking model={name}'s shipped config in its place (it must "
+                        f"be the same architecture)")
+        return replace(shipped, source=f"model={name}, shipped config; {text} not read")
+    message = (f"{key}: {text} is {what}, so its config.json cannot be read offline: the shape checks and the plan "
+               f"need model=<name> of the same architecture ({', '.join(shipped_models())}) or a local folder "
+               f"with config.json")
+    if OmegaConf.select(cfg, "action", default=None) == "plan":
+        problems.append(message)
     else:
-        problems.append("model.name: not set and actor_rollout_ref.model.path has no config.json; choose model=<name>")
+        warnings.append(f"{message}; heads, kv heads, layers and experts are not checked against the layouts")
     return None
+
+
+def _model_chosen(cfg: DictConfig) -> bool:
+    """Whether ``model=<name>`` was chosen rather than left at the recipe's default: a model.name other than the
+    default option (the command line, an experiment or the embedded default chose it), or the default option typed
+    on this Hydra run's command line (``hydra.overrides.task``; outside a Hydra run nothing was typed)."""
+    name = OmegaConf.select(cfg, "model.name", default=None)
+    if name is None:
+        return False
+    try:
+        default = recipe_defaults(str(OmegaConf.select(cfg, "run.name"))).get("model")
+    except Exception:  # noqa: BLE001 - no conf/ defaults to compare with: only the command line can say
+        default = None
+    if default is not None and str(name) != default:
+        return True
+    if not HydraConfig.initialized():
+        return False
+    try:
+        task = list(HydraConfig.get().overrides.task)
+    except Exception:  # noqa: BLE001 - a Hydra config without overrides: nothing was typed
+        return False
+    return any(override_key(arg) == "model" and override_value(arg).strip() == str(name) for arg in task)
 
 
 def _fsdp_layout(cfg, train: dict, problems: list[str]) -> dict:
@@ -242,8 +330,10 @@ def _offline_stand_in(container: dict, arch: ModelArch | None) -> DictConfig | N
     ``container`` is the resolved config as plain containers; it is not changed (the copied path is new dicts).
     None when every model path is a local folder: verl then checks the config itself.
     """
-    shipped = MODEL_CONFIG_DIR / str(arch.name) if arch is not None else None
-    if shipped is None or not (shipped / "config.json").is_file():
+    # an architecture the pack could not read (a hub id it does not ship): verl's conversion still loads a config,
+    # so the tiny one stands in for verl's checks only; the pack's shape checks did not run (load_model_arch warns)
+    shipped = MODEL_CONFIG_DIR / (str(arch.name) if arch is not None else "tiny")
+    if not (shipped / "config.json").is_file():
         return None
     stand_in, changed = dict(container), False
     for section in ("actor_rollout_ref", "critic"):
@@ -289,10 +379,11 @@ def check(cfg: DictConfig, *, run_verl: bool = True) -> ValidatedRun:
     infer_d = _layout_dict(cfg, "layout.infer", problems)
     train = infer = None
     if world is not None:
-        train, infer, layout_problems = collect_layout_errors(train_d, infer_d, world, world_desc)
+        train, infer, layout_problems = collect_layout_errors(
+            train_d, infer_d, world, world_desc, gpus_per_node=OmegaConf.select(cfg, "cluster.gpus_per_node"))
         problems += layout_problems
     use_critic, use_ref = _safe(lambda: verl.roles(cfg), (False, False))
-    arch = load_model_arch(cfg, problems)
+    arch = load_model_arch(cfg, problems, warnings)
     warnings.extend(entropy_warnings(cfg))  # entropy=clip_cov|kl_cov under strictly on-policy updates
     if train is not None:
         _check_batches(cfg, train, use_critic, problems)

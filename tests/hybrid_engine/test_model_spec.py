@@ -4,7 +4,19 @@ import json
 
 import pytest
 
-from hybrid_engine.model_spec import ModelSpecError, arch_from_config, build_spec, hub_id, load_arch, shipped_models
+from hybrid_engine.model_spec import (
+    HUB_IDS,
+    MODEL_CONFIG_DIR,
+    SHIPPED_HUB_IDS,
+    ModelSpecError,
+    arch_from_config,
+    build_spec,
+    hub_id,
+    load_arch,
+    looks_like_hub_id,
+    shipped_models,
+    shipped_name_of_hub_id,
+)
 
 SHIPPED = [
     "deepseek_v3",
@@ -281,3 +293,77 @@ def test_unknown_family_falls_back_to_meta(tmp_path):
     assert tags["model.layers.0.mlp.shared_expert.gate_proj.weight"] == "column"
     assert tags["model.layers.0.mlp.shared_expert.down_proj.weight"] == "row"
     assert tags["model.layers.0.mlp.shared_expert_gate.weight"] == "replicated"
+
+
+# -- hub ids the pack ships, and malformed configs -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "hub,name",
+    [
+        ("Qwen/Qwen2-7B-Instruct", "qwen2_7b"),
+        ("Qwen/Qwen2-7B", "qwen2_7b"),
+        ("Qwen/Qwen2.5-0.5B-Instruct", "qwen2_5_0_5b"),
+        ("Qwen/Qwen2.5-7B-Instruct", "qwen2_5_7b"),
+        ("Qwen/Qwen2.5-32B-Instruct", "qwen2_5_32b"),
+        ("meta-llama/Llama-3.1-8B-Instruct", "llama3_1_8b"),
+        ("meta-llama/Llama-3.1-70B-Instruct", "llama3_1_70b"),
+        ("Qwen/Qwen3-30B-A3B", "qwen3_30b_a3b"),
+        ("deepseek-ai/DeepSeek-V3", "deepseek_v3"),
+        ("qwen/qwen2-7b-instruct", "qwen2_7b"),  # the hub resolves ids without regard to case
+    ],
+)
+def test_hub_ids_map_to_shipped_configs(hub, name):
+    assert shipped_name_of_hub_id(hub) == name
+    assert load_arch(hub) == load_arch(name) and load_arch(hub).name == name
+
+
+def test_every_canonical_hub_id_is_in_the_table():
+    for name, hub in HUB_IDS.items():
+        if hub:
+            assert shipped_name_of_hub_id(hub) == name
+    assert set(SHIPPED_HUB_IDS) == set(shipped_models()) - {"tiny"}
+
+
+def test_unknown_hub_ids_and_paths():
+    assert shipped_name_of_hub_id("acme/unknown-7b") is None
+    assert looks_like_hub_id("acme/unknown-7b") and looks_like_hub_id("Qwen/Qwen2.5-7B-Instruct")
+    for path in ("/models/qwen", "./qwen/x", "~/models/a", "a/b/c", "qwen2_7b", ""):
+        assert not looks_like_hub_id(path), path
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"num_attention_heads": "32"}, "num_attention_heads: must be a positive integer, got '32'"),
+        ({"num_hidden_layers": 0}, "num_hidden_layers: must be a positive integer, got 0"),
+        ({"num_key_value_heads": 3}, "num_key_value_heads: 3 must divide num_attention_heads 4 (4 % 3 = 1)"),
+        ({"hidden_size": None}, "hidden_size: must be a positive integer, got None"),
+        ({"intermediate_size": -1}, "intermediate_size: must be a non-negative integer (or absent), got -1"),
+        ({"model_type": 7}, "model_type: must be a non-empty string, got 7"),
+        ({"vocab_size": True}, "vocab_size: must be a positive integer, got True"),
+    ],
+)
+def test_malformed_config_names_the_file_and_the_field(tmp_path, change, message):
+    config = json.loads((MODEL_CONFIG_DIR / "tiny" / "config.json").read_text())
+    config.update(change)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelSpecError) as info:
+        load_arch(tmp_path)
+    assert str(info.value) == f"{tmp_path / 'config.json'}: {message}"
+
+
+def test_missing_field_and_bad_json_name_the_file(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 8}))
+    with pytest.raises(ModelSpecError, match=r"config\.json: num_hidden_layers: missing \(config.json lacks"):
+        load_arch(tmp_path)
+    (tmp_path / "config.json").write_text('{"model_type": "llama",')
+    with pytest.raises(ModelSpecError, match=r"config\.json: not valid JSON: .*line 1 column"):
+        load_arch(tmp_path)
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with pytest.raises(ModelSpecError, match=r"config\.json: must be a JSON object, got list"):
+        load_arch(tmp_path)
+
+
+def test_load_arch_says_where_it_read():
+    assert load_arch("qwen2_7b").source == str(MODEL_CONFIG_DIR / "qwen2_7b" / "config.json")
