@@ -32,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from recipes.compose import compose_recipe
 from recipes.errors import ConfigError, exit_with
 from recipes.redact import redact_env
+from recipes.schema import NCCL, load_section
 from recipes.verl_ext import api as verl
 
 VERL_VERSION = "0.9.1"  # the run_ppo logic mirrored here (ray init, determinism, transfer queue) is verl 0.9.1's
@@ -134,9 +135,10 @@ def ray_init_runtime_env(cfg: DictConfig, environ: Mapping[str, str] | None = No
 
 def _source_of(key: str, value: str, cfg: DictConfig) -> str:
     strategy = OmegaConf.select(cfg, "strategy.name", default=None)
-    if strategy == "megatron" and key in _plain(OmegaConf.select(cfg, "nccl.megatron_env", default=None)):
+    nccl = load_section(NCCL, cfg.get("nccl"), "nccl")
+    if strategy == "megatron" and key in _plain(nccl.megatron_env):
         return "nccl.megatron_env"
-    if key in _plain(OmegaConf.select(cfg, "nccl.env", default=None)):
+    if key in _plain(nccl.env):
         return "nccl.env"
     return ENV_KEY
 

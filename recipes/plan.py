@@ -9,17 +9,20 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from hybrid_engine.plan import ClusterSpec, Plan, PlanSettings, build_plan
+from recipes.schema import PLAN_FORMATS, Cluster, Offload, SchemaError, load_section
+from recipes.schema import Plan as PlanKeys
 from recipes.validate import ValidatedRun
 
-FORMATS = ("table", "json")
+FORMATS = PLAN_FORMATS
 
 
 def cluster_spec(cfg: DictConfig) -> ClusterSpec:
-    gpu = cfg.cluster.gpu
+    cluster = load_section(Cluster, cfg.cluster, "cluster")
+    gpu = cluster.gpu
     return ClusterSpec(
-        nnodes=int(cfg.cluster.nnodes),
-        gpus_per_node=int(cfg.cluster.gpus_per_node),
-        gpu=str(gpu.name),
+        nnodes=cluster.nnodes,
+        gpus_per_node=cluster.gpus_per_node,
+        gpu=gpu.name,
         memory_gib=float(gpu.memory_gib),
         nvlink_GBps=float(gpu.nvlink_GBps),
         network_GBps=float(gpu.network_GBps),
@@ -30,10 +33,11 @@ def plan_settings(cfg: DictConfig, has_critic: bool, has_ref: bool) -> PlanSetti
     """The planner's inputs, read from the verl keys of the run's config and the roles verl gives it."""
     sel = lambda key, default=None: OmegaConf.select(cfg, key, default=default)  # noqa: E731
     actor = "actor_rollout_ref.actor"
+    offload = load_section(Offload, cfg.get("offload"), "offload")
     return PlanSettings(
         strategy=str(cfg.strategy.name),
-        param_offload=bool(sel("offload.param", False)),
-        optimizer_offload=bool(sel("offload.optimizer", False)),
+        param_offload=offload.param,
+        optimizer_offload=offload.optimizer,
         dtype="bfloat16",
         max_prompt_length=int(sel("data.max_prompt_length")),
         max_response_length=int(sel("data.max_response_length")),
@@ -63,11 +67,14 @@ def make_plan(run: ValidatedRun) -> Plan:
 def run_plan(checked, out=sys.stdout) -> int:
     """Print the plan (table or JSON), draw the picture if asked; 2 when the plan or the config has errors."""
     cfg = checked.cfg
-    fmt = OmegaConf.select(cfg, "plan.format", default="table")
-    if fmt not in FORMATS:
-        print(f"config error: plan.format: unknown format {fmt!r}; choose from {', '.join(FORMATS)}", file=sys.stderr)
+    try:
+        keys = load_section(PlanKeys, cfg.get("plan"), "plan")
+        plan = make_plan(checked)
+    except SchemaError as error:  # check() reported these too (a plan with a layout error still gets here)
+        for line in error.problems:
+            print(f"config error: {line}", file=sys.stderr)
         return 2
-    plan = make_plan(checked)
+    fmt = keys.format
     for problem in checked.problems:
         if problem not in plan.errors:
             plan.errors.append(problem)
@@ -78,7 +85,7 @@ def run_plan(checked, out=sys.stdout) -> int:
         print(json.dumps(plan.to_dict(), indent=2, default=str), file=out)
     else:
         print(plan.render_table(), file=out)
-    picture = OmegaConf.select(cfg, "plan.picture", default=None)
+    picture = keys.picture
     if picture:
         path = Path(str(picture)).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True)

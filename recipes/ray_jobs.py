@@ -39,6 +39,7 @@ from recipes.errors import ConfigError
 from recipes.nccl_env import pack_env
 from recipes.overrides import chosen_keys, override_key
 from recipes.redact import redact_env
+from recipes.schema import Launcher, load_section
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 JOB_LOG = "job.log"
@@ -182,30 +183,26 @@ def _hydra_quote(value: str) -> str:
 
 def entrypoint(recipe: str, overrides: Sequence[str], launcher: DictConfig, launch_dir: Path) -> str:
     """The shell command the Ray Job runs (from the launch folder itself when the cluster shares it)."""
-    entry = entry_command(recipe, python=str(OmegaConf.select(launcher, "python", default="python") or "python"))
+    settings = load_section(Launcher, launcher, "launcher")
+    entry = entry_command(recipe, python=settings.python or "python")
     command = shlex.join([*entry, *overrides])
-    if not OmegaConf.select(launcher, "upload", default=True):
+    if not settings.upload:
         command = f"cd {shlex.quote(str(launch_dir))} && {command}"
     return command
 
 
 def job_runtime_env(cfg: DictConfig, launch_dir: Path) -> dict:
     """The Ray Job's runtime env: working folder (uploaded), pip, and the env map for the job's driver."""
-    launcher = cfg.launcher
+    launcher = load_section(Launcher, cfg.launcher, "launcher")
     env = {**BASE_JOB_ENV, **pack_env(cfg)}
-    extra = OmegaConf.select(launcher, "env_vars", default=None)
-    if extra:
-        env.update({str(k): str(v) for k, v in OmegaConf.to_container(extra, resolve=True).items()})
+    env.update({str(k): str(v) for k, v in launcher.env_vars.items()})
     runtime_env: dict = {"env_vars": env}
-    if OmegaConf.select(launcher, "upload", default=True):
+    if launcher.upload:
         runtime_env["working_dir"] = str(launch_dir)
-        excludes = OmegaConf.select(launcher, "excludes", default=None)
-        if excludes:
-            runtime_env["excludes"] = [str(e) for e in excludes]
-    pip = OmegaConf.select(launcher, "pip", default=None)
-    if pip:
-        runtime_env["pip"] = OmegaConf.to_container(pip, resolve=True) if isinstance(pip, DictConfig) or \
-            OmegaConf.is_list(pip) else pip
+        if launcher.excludes:
+            runtime_env["excludes"] = [str(e) for e in launcher.excludes]
+    if launcher.pip:
+        runtime_env["pip"] = launcher.pip
     return runtime_env
 
 
@@ -305,14 +302,15 @@ def submit_run(cfg: DictConfig, recipe: str, overrides: Sequence[str], run_dir: 
                cluster_choice: str | None = None) -> int:
     """``launcher=ray``: submit this run as a Ray Job, stream its log, write job.json; the job's exit code."""
     launcher = cfg.launcher
-    client = connect(OmegaConf.select(launcher, "address"))
+    settings = load_section(Launcher, launcher, "launcher")
+    client = connect(settings.address)
     launch_dir = Path.cwd()
     job_args = job_overrides(overrides, run_dir, cluster_choice)
     command = entrypoint(recipe, job_args, launcher, launch_dir)
     runtime_env = job_runtime_env(cfg, launch_dir)
     job_id = _submission_id(recipe)
     run_dir.mkdir(parents=True, exist_ok=True)
-    record = {"submission_id": job_id, "address": dashboard_url(launcher.address), "entrypoint": command,
+    record = {"submission_id": job_id, "address": dashboard_url(settings.address), "entrypoint": command,
               "runtime_env": _redacted_env(runtime_env), "run_dir": str(run_dir)}
     try:
         client.submit_job(entrypoint=command, runtime_env=runtime_env, submission_id=job_id,
@@ -322,8 +320,7 @@ def submit_run(cfg: DictConfig, recipe: str, overrides: Sequence[str], run_dir: 
                           f"{' '.join(str(error).split())[:300]}") from None
     print(f"submitted Ray Job {job_id} to {record['address']} (run folder {run_dir}); its log follows")
     (run_dir / JOB_RECORD).write_text(json.dumps(record, indent=2) + "\n")
-    info = follow(client, job_id, run_dir / JOB_LOG, echo=bool(OmegaConf.select(launcher, "follow", default=True)),
-                  timeout_s=OmegaConf.select(launcher, "timeout_s", default=None))
+    info = follow(client, job_id, run_dir / JOB_LOG, echo=settings.follow, timeout_s=settings.timeout_s)
     code = exit_code_of(info)
     record.update(status=str(getattr(info.status, "value", info.status)), exit_code=code, message=info.message)
     (run_dir / JOB_RECORD).write_text(json.dumps(record, indent=2, default=str) + "\n")

@@ -28,7 +28,9 @@ from recipes.confdir import recipe_defaults
 from recipes.errors import ConfigError
 from recipes.layout_keys import Adoption, adopt, find_adoptions
 from recipes.overrides import override_key, override_value
+from recipes.schema import PackConfig, check_schema, depends_on, resolve
 from recipes.verl_ext import api as verl
+from recipes.verl_ext import types as verl_types
 from recipes.verl_ext.stability.entropy import entropy_warnings
 
 FSDP_STRATEGIES = ("fsdp", "fsdp2")
@@ -51,6 +53,8 @@ class ValidatedRun:
     """verl layout keys typed on the command line whose values became the layout's (the pack key interpolates)"""
     use_critic: bool = False
     use_ref: bool = False
+    pack: PackConfig | None = None
+    """the pack's own keys, typed (recipes.schema); None when they have problems"""
 
 
 def _get(cfg: DictConfig, key: str, problems: list[str]):
@@ -366,6 +370,10 @@ def validate(cfg: DictConfig, *, run_verl: bool = True) -> ValidatedRun:
 def check(cfg: DictConfig, *, run_verl: bool = True) -> ValidatedRun:
     """Check everything and return what was established with the problems found (verl's checks only when none).
 
+    The pack's checks, then, on the resolved values, the pack's schema (recipes.schema) and the range table
+    (recipes.verl_ext.types.RANGES); verl's own checks (its annotations, then its validate_config) import verl and
+    run once those found nothing.
+
     A pure function: ``cfg`` is not written to. verl layout keys typed directly are adopted into a copy (and come
     back as ``adopted``); the result's config is resolved and read-only.
     """
@@ -391,17 +399,43 @@ def check(cfg: DictConfig, *, run_verl: bool = True) -> ValidatedRun:
         if arch is not None and infer is not None:
             strategy, rollout = OmegaConf.select(cfg, "strategy.name"), str(OmegaConf.select(cfg, "rollout.name"))
             _check_model(arch, train, infer, strategy, problems, warnings, rollout)
+    # the resolved values: the pack's schema and the range table; one line per key (the first problem of a key
+    # wins; a value computed from a key already reported, ${kl.target}, is not reported again)
+    container, unresolved = resolve(cfg)
+    pack, schema_problems = check_schema(container)
+    inactive = verl_types.inactive_sections(container, use_critic=use_critic, use_ref=use_ref)
+    wrong_kind: dict[str, str] = {}  # a ranged key of a verl class holding a string ...: its type check names it
+    ranges = verl_types.range_problems(container, inactive, deferred=wrong_kind)
+    _merge(problems, cfg, [*unresolved.values(), *schema_problems, *ranges.values()])
+    if not problems and run_verl:
+        # verl's own annotations; they import verl (seconds), so, as verl's validator, once the pack's checks pass
+        _merge(problems, cfg, verl_types.type_problems(container, inactive).values())
+    _merge(problems, cfg, wrong_kind.values())
     if problems:
         cfg = copy.deepcopy(cfg)  # handed on read-only: never the caller's own object
     else:
-        container = OmegaConf.to_container(cfg, resolve=True)
         cfg = OmegaConf.create(container)
         if run_verl:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             _verl_checks(_offline_stand_in(container, arch) or cfg, use_critic, use_ref, problems)
     OmegaConf.set_readonly(cfg, True)
     return ValidatedRun(cfg=cfg, train=train, infer=infer, arch=arch, warnings=tuple(warnings),
-                        problems=tuple(problems), adopted=tuple(adoptions), use_critic=use_critic, use_ref=use_ref)
+                        problems=tuple(problems), adopted=tuple(adoptions), use_critic=use_critic, use_ref=use_ref,
+                        pack=pack if not problems else None)
+
+
+def _merge(problems: list[str], cfg: DictConfig, lines) -> None:
+    """Append each of ``lines`` whose key no problem names yet and whose value is not computed (by interpolation)
+    from a key that a problem or another of ``lines`` names: one line per mistake, at the key that was typed."""
+    lines = list(lines)
+    named = {problem.split(":", 1)[0] for problem in problems}
+    suspects = named | {line.split(":", 1)[0] for line in lines}
+    for line in lines:
+        key = line.split(":", 1)[0]
+        if key in named or depends_on(cfg, key, suspects):
+            continue
+        problems.append(line)
+        named.add(key)
 
 
 def _safe(fn, default):

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from recipes.schema import Stability, load_section
 from recipes.verl_ext.stability.entropy import entropy_warnings
 
 __all__ = ["HOOKS_MODULE", "entropy_warnings", "supervise"]
@@ -34,7 +35,7 @@ def supervise(cfg, run_dir: Path, runner: Callable, metrics_path: Path, out=prin
     # lazy: the CLI loads this package at start (validate reads .entropy); the monitor is for training only (~2 ms)
     from recipes.verl_ext.stability.bands import BandMonitor, bands_from_config
 
-    mode = str((cfg.get("stability") or {}).get("mode", "off"))
+    mode = load_section(Stability, cfg.get("stability"), "stability").mode
     with BandMonitor(metrics_path, bands_from_config(cfg), run_dir, out=out):
         if mode == "auto":
             # lazy: as bands above, and only stability.mode=auto runs the supervisor (~2 ms, multiprocessing)

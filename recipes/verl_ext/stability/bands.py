@@ -21,8 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from recipes.monitor import read_metrics
-
-SIDES = ("low", "high")
+from recipes.schema import Monitor, load_section
 
 
 @dataclass(kw_only=True, slots=True)
@@ -81,18 +80,11 @@ class Violation:
 
 def bands_from_config(cfg) -> list[Band]:
     """The ``monitor.bands`` map of the config; [] when the monitor is off or absent."""
-    monitor = cfg.get("monitor") or {}
-    if not monitor.get("enabled", False):
+    monitor = load_section(Monitor, cfg.get("monitor"), "monitor")  # typed; a bad value: SchemaError naming it
+    if not monitor.enabled:
         return []
-    bands = []
-    for name, spec in (monitor.get("bands") or {}).items():
-        unstable = spec.get("unstable")
-        if unstable is not None and unstable not in SIDES:
-            raise ValueError(f"monitor.bands.{name}.unstable: {unstable!r} is not one of low, high, null")
-        bands.append(Band(name=str(name), keys=tuple(spec["keys"]), of=spec.get("of"),
-                          low=spec.get("low"), high=spec.get("high"), unstable=unstable,
-                          unit=str(spec.get("unit", ""))))
-    return bands
+    return [Band(name=name, keys=tuple(spec.keys), of=spec.of, low=spec.low, high=spec.high,
+                 unstable=spec.unstable, unit=spec.unit) for name, spec in monitor.bands.items()]
 
 
 def evaluate(metrics: dict, bands: list[Band], step: int = 0) -> list[Violation]:

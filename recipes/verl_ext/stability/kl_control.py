@@ -22,10 +22,12 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from recipes.schema import KL, KL_MODES, load_section
+
 STATE_FILE = "kl_control.json"
 """File name of the controller state inside verl's ``global_step_<n>`` checkpoint folder."""
 
-MODES = ("fixed", "adaptive", "ramp")
+MODES = KL_MODES
 
 
 @dataclass(kw_only=True, slots=True)
@@ -51,24 +53,20 @@ class KLSettings:
 
     @classmethod
     def from_config(cls, cfg) -> KLSettings:
-        """From the full (verl + pack) config; a config without the pack's ``kl`` keys gives a fixed controller."""
-        kl = cfg.get("kl") or {}
-        ramp = kl.get("ramp") or {}
-        guard = kl.get("guard") or {}
+        """From the full (verl + pack) config; a config without the pack's ``kl`` keys gives a fixed controller.
+        The ``kl.*`` keys and their defaults are the pack's schema (:class:`recipes.schema.KL`); a bad value raises
+        :class:`recipes.schema.SchemaError` (a ValueError) naming the key."""
+        kl = load_section(KL, cfg.get("kl"), "kl")
         kl_ctrl = cfg.algorithm.get("kl_ctrl") or {}
-        mode = str(kl.get("mode", "fixed"))
-        if mode not in MODES:
-            raise ValueError(f"kl.mode: {mode!r} is not one of {', '.join(MODES)}")
-        target = kl.get("target")
         return cls(
-            mode=mode,
-            target=None if target is None else float(target),
-            ramp_start=float(ramp.get("start", 0.1)),
-            ramp_end=float(ramp.get("end", 0.3)),
-            ramp_steps=int(ramp.get("steps", 200)),
+            mode=kl.mode,
+            target=None if kl.target is None else float(kl.target),
+            ramp_start=float(kl.ramp.start),
+            ramp_end=float(kl.ramp.end),
+            ramp_steps=kl.ramp.steps,
             horizon=float(kl_ctrl.get("horizon", 10000)),
             init_loss_coef=float(cfg.actor_rollout_ref.actor.get("kl_loss_coef", 0.001)),
-            max_kl=None if guard.get("max_kl") is None else float(guard.get("max_kl")),
+            max_kl=None if kl.guard.max_kl is None else float(kl.guard.max_kl),
         )
 
 

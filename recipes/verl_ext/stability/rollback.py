@@ -29,10 +29,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from recipes.schema import DEGRADATIONS, Stability, load_section
+
 ENV_VARS = "ray_kwargs.ray_init.runtime_env.env_vars"
 LOGGER_ENV = "VERL_FILE_LOGGER_PATH"
 RETRYABLE = ("nan_loss", "bands", "oom", "worker_died")
-DEGRADATIONS = ("forward_prefetch_off", "batch_minus_20", "offload_on")
 
 PREFETCH_KEYS = (
     "actor_rollout_ref.actor.fsdp_config.forward_prefetch",
@@ -154,9 +155,9 @@ class Supervisor:
 
     def __init__(self, cfg: DictConfig, run_dir: Path, runner: Callable, out=print):
         self.cfg, self.run_dir, self.runner, self.out = cfg, Path(run_dir), runner, out
-        stability = cfg.get("stability") or {}
-        self.max_attempts = int(stability.get("max_attempts", 3))
-        self.degradations = list(stability.get("degradations") or DEGRADATIONS)
+        stability = load_section(Stability, cfg.get("stability"), "stability")  # the pack's keys, typed
+        self.max_attempts = stability.max_attempts
+        self.degradations = list(stability.degradations or DEGRADATIONS)  # an empty list: all, in order
         self.log_path = self.run_dir / "attempts.jsonl"
         self.metrics_path = Path(OmegaConf.select(cfg, f"{ENV_VARS}.{LOGGER_ENV}", default=None)
                                  or self.run_dir / "metrics.jsonl")

@@ -22,6 +22,7 @@ import os
 
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
+from recipes.schema import Stability, load_section
 from recipes.verl_ext.stability.bands import Band, bands_from_config, evaluate
 from recipes.verl_ext.stability.guard import GUARD_KEY, KL_COEF_KEY, METRICS
 from recipes.verl_ext.stability.kl_control import KLControl, KLSettings
@@ -48,11 +49,11 @@ class StabilityTrainer(PPOTrainerSync):
         config.trainer.v1.trainer_mode = "sync"
         super().__init__(config)
         self.kl_control = KLControl(KLSettings.from_config(config))
-        stability = config.get("stability") or {}
-        self.stability_mode = str(stability.get("mode", "off"))
-        self.band_limit = int(stability.get("band_violations", 0) or 0)
-        self.inject = dict(stability.get("inject") or {})
-        self.attempt = int(stability.get("attempt", 0) or 0)
+        stability = load_section(Stability, config.get("stability"), "stability")  # the pack's keys, typed
+        self.stability_mode = stability.mode
+        self.band_limit = stability.band_violations
+        self.inject = stability.inject
+        self.attempt = stability.attempt
         self.bands: list[Band] = bands_from_config(config)
         self._unstable_streak = 0
 
@@ -94,12 +95,12 @@ class StabilityTrainer(PPOTrainerSync):
 
     def _inject_faults(self, metrics) -> None:
         """Test hook: ``stability.inject.nan_at_step=N`` turns step N's policy loss into NaN (first attempt only)."""
-        if self.attempt != int(self.inject.get("attempt", 0) or 0):
+        if self.attempt != self.inject.attempt:
             return
-        if self.inject.get("nan_at_step") == self.global_steps:
+        if self.inject.nan_at_step == self.global_steps:
             logger.warning("stability: injecting a NaN policy loss at step %d", self.global_steps)
             metrics["actor/pg_loss"] = float("nan")
-        if self.inject.get("kill_at_step") == self.global_steps:
+        if self.inject.kill_at_step == self.global_steps:
             logger.warning("stability: killing the TaskRunner process at step %d", self.global_steps)
             os._exit(137)
 
