@@ -84,7 +84,11 @@ def ray_cluster():
         "NODE_IP": "127.0.0.1", "DASHBOARD_HOST": "127.0.0.1", "RAY_PORT": str(gcs), "DASHBOARD_PORT": str(dashboard),
         "NUM_CPUS": str(NUM_CPUS), "NUM_GPUS": str(NUM_GPUS), "RAY_TEMP_DIR": str(temp),
     })
+    # a block of 100 worker ports that holds none of the ports above (Ray refuses a port used twice)
+    taken = {gcs, dashboard, client, agent, agent_grpc, runtime_env, metrics, node_manager, object_manager}
     worker_low = _free_ports(1)[0] // 100 * 100
+    while any(max(worker_low, 20000) <= port <= max(worker_low, 20000) + 99 for port in taken):
+        worker_low = _free_ports(1)[0] // 100 * 100
     args = [f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent}",
             f"--dashboard-agent-grpc-port={agent_grpc}", f"--runtime-env-agent-port={runtime_env}",
             f"--metrics-export-port={metrics}", f"--node-manager-port={node_manager}",
