@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.imports import imported_modules, module_name
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "recipes"
 VERL_ROOM = PACKAGE / "verl_ext"
@@ -32,8 +34,7 @@ def _rel(path: Path) -> str:
 
 
 def _module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    return module_name(path, ROOT)
 
 
 # -- (a) function-level imports say why they are lazy -----------------------------------------------------------------
@@ -112,42 +113,12 @@ def test_the_lazy_checker(source, expected):
 # -- the import graph among recipes.* ----------------------------------------------------------------------------------
 
 
-def _imported_modules(source: str, module: str, is_package: bool, known: set[str]) -> list[tuple[int, str]]:
-    """``(line, module)`` of every import of ``source`` (anywhere in it), relative imports resolved.
-
-    ``from a import b`` counts as importing ``a.b`` when that is one of the ``known`` modules, else ``a``; a literal
-    ``importlib.import_module("a")`` / ``__import__("a")`` counts as importing ``a``.
-    """
-    package = module.split(".") if is_package else module.split(".")[:-1]
-    names: list[tuple[int, str]] = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            names.extend((node.lineno, alias.name) for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                if node.level - 1 >= len(package):
-                    raise AssertionError(f"{module}:{node.lineno}: relative import beyond the top-level package")
-                base = ".".join(package[: len(package) - (node.level - 1)])
-                parent = f"{base}.{node.module}" if node.module else base
-            else:
-                parent = node.module
-            for alias in node.names:
-                child = f"{parent}.{alias.name}"
-                names.append((node.lineno, child if child in known else parent))
-        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
-            func = node.func
-            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
-            if called in ("import_module", "__import__") and isinstance(node.args[0].value, str):
-                names.append((node.lineno, node.args[0].value))
-    return names
-
-
 def _graph() -> dict[str, set[str]]:
     paths = {_module_name(path): path for path in _sources()}
     known = set(paths)
     graph = {}
     for module, path in paths.items():
-        found = _imported_modules(path.read_text(), module, path.name == "__init__.py", known)
+        found = imported_modules(path.read_text(), module, path.name == "__init__.py", known)
         graph[module] = {name for _, name in found if name in known}
     return graph
 
@@ -196,7 +167,7 @@ def test_recipes_has_no_import_cycles():
 )
 def test_the_graph_checker_sees_every_kind_of_import(source, module, is_package, expected):
     known = {"recipes.verl_ext", "recipes.verl_ext.api", "recipes.compose", "recipes.verl_ext.stability.guard"}
-    assert expected in [name for _, name in _imported_modules(source, module, is_package, known)]
+    assert expected in [name for _, name in imported_modules(source, module, is_package, known)]
 
 
 def test_the_cycle_finder():
@@ -214,7 +185,7 @@ def test_only_verl_ext_touches_verl():
         if path.is_relative_to(VERL_ROOM):
             continue
         module = _module_name(path)
-        for line, name in _imported_modules(path.read_text(), module, path.name == "__init__.py", known):
+        for line, name in imported_modules(path.read_text(), module, path.name == "__init__.py", known):
             if name == "verl" or name.startswith("verl."):
                 found.append(f"{_rel(path)}:{line}: imports {name}")
     assert not found, "outside recipes/verl_ext/, reach verl through recipes.verl_ext.api:\n" + "\n".join(found)

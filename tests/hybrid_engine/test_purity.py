@@ -7,47 +7,27 @@ literal name), and at run time (a fresh interpreter that imports the public modu
 
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.imports import imported_modules, module_name
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "hybrid_engine"
+_KNOWN = {module_name(path, ROOT) for path in PACKAGE.rglob("*.py")}
 FORBIDDEN = ("verl", "hydra", "omegaconf", "recipes")
 
 
 def _module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    return module_name(path, ROOT)
 
 
 def _imported_names(source: str, module: str, is_package: bool) -> list[tuple[int, str]]:
     """``(line, absolute module name)`` of every import in ``source``, the source of ``module``."""
-    package = module.split(".") if is_package else module.split(".")[:-1]
-    names = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            names.extend((node.lineno, alias.name) for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                if node.level - 1 >= len(package):
-                    raise AssertionError(f"{module}:{node.lineno}: relative import beyond the top-level package")
-                base = package[: len(package) - (node.level - 1)]
-                if node.module:
-                    names.append((node.lineno, ".".join([*base, node.module])))
-                else:  # from . import x: x may be a submodule
-                    names.extend((node.lineno, ".".join([*base, alias.name])) for alias in node.names)
-            else:
-                names.append((node.lineno, node.module))
-        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
-            func = node.func
-            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
-            if called in ("import_module", "__import__") and isinstance(node.args[0].value, str):
-                names.append((node.lineno, node.args[0].value))
-    return names
+    return imported_modules(source, module, is_package, _KNOWN)
 
 
 def _forbidden_imports(path: Path) -> list[str]:
