@@ -27,6 +27,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from recipes import yamlio
 from recipes.confdir import entry_command
 from recipes.gitstate import git_state
 from recipes.nccl_env import WorkerEnv, record_lines
@@ -110,7 +111,7 @@ def save_config(cfg: DictConfig, path: Path) -> None:
     """The config as YAML, resolved, without Hydra's own node, secrets redacted (recipes/redact.py)."""
     container = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     container = redact_config({k: v for k, v in container.items() if k != "hydra"})
-    path.write_text(OmegaConf.to_yaml(OmegaConf.create(container)))
+    path.write_text(yamlio.dump(container))
     os.chmod(path, 0o644)
 
 

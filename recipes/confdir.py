@@ -7,7 +7,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from omegaconf import OmegaConf
+import yaml
+
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 # a copied recipe (python -m recipes.copy) points this at its own conf/ folder
 CONF_DIR_ENV = "KLPPO_CONF_DIR"
@@ -57,7 +59,7 @@ def pack_groups() -> list[str]:
 
 def config_defaults(path: Path) -> list:
     """The raw defaults list of one config file (empty when it has none)."""
-    loaded = OmegaConf.to_container(OmegaConf.load(path))
+    loaded = yaml.load(path.read_text(), Loader=_Loader)  # plain YAML: a defaults list holds no interpolations
     return list((loaded or {}).get("defaults") or [])
 
 

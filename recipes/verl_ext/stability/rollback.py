@@ -29,6 +29,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from recipes import yamlio
+from recipes.redact import redact_config
 from recipes.schema import DEGRADATIONS, Stability, load_section
 
 ENV_VARS = "ray_kwargs.ray_init.runtime_env.env_vars"
@@ -187,7 +189,7 @@ class Supervisor:
             env_vars = container.setdefault("ray_kwargs", {}).setdefault("ray_init", {})
             env_vars = env_vars.setdefault("runtime_env", {}).setdefault("env_vars", {})
             env_vars[LOGGER_ENV] = str(tee.source)
-            (self.run_dir / f"attempt_{attempt}_config.yaml").write_text(OmegaConf.to_yaml(container))
+            (self.run_dir / f"attempt_{attempt}_config.yaml").write_text(yamlio.dump(redact_config(container)))
             proc = ctx.Process(target=_attempt_main, args=(container, str(fault_path), self.runner))
             proc.start()
             while proc.is_alive():

@@ -21,6 +21,8 @@ import pytest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.slow]
 
+PLANTED = "sk-planted-0123456789abcdef"  # a secret-shaped value under a secret-shaped key: never written in clear
+
 
 @dataclass
 class Run:
@@ -52,7 +54,8 @@ def guard_run(recipe_cli, tmp_path_factory) -> Run:
 @pytest.fixture(scope="module")
 def rollback_run(recipe_cli, tmp_path_factory) -> Run:
     return train(recipe_cli, tmp_path_factory.mktemp("rollback"), "stability=auto", "kl=ramp", "kl.ramp.steps=4",
-                 "overlap=prefetch", "stability.inject.nan_at_step=3", steps=4, save_freq=2)
+                 "overlap=prefetch", "stability.inject.nan_at_step=3", f"+trainer.wandb_key={PLANTED}", steps=4,
+                 save_freq=2)
 
 
 def test_guard_stops_the_updates_of_a_step_whose_kl_blows_up(guard_run):
@@ -117,6 +120,7 @@ def test_rollback_restarts_from_the_last_checkpoint_degraded(rollback_run):
     assert attempts[1]["checkpoints_after"] == [2, 4]  # no checkpoint lost
     config = (rollback_run.run_dir / "attempt_1_config.yaml").read_text()
     assert "forward_prefetch: false" in config and "forward_prefetch: true" not in config
+    assert PLANTED not in config and "wandb_key: '***'" in config
     assert "attempt 0 failed (nan_loss" in rollback_run.stdout
     assert [(r["step"], r["attempt"]) for r in rollback_run.rows] == [(1, 0), (2, 0), (3, 1), (4, 1)]
 
