@@ -100,11 +100,20 @@ def _resolve_leftover(key: str, others: dict[str, int], world_size: int, world_d
     return world_size // product
 
 
-def _train_ep_problems(key: str, dp: int, cp: int, ep: int) -> list[str]:
-    if (dp * cp) % ep:
+def _train_ep_problems(key: str, dp: int, cp: int, ep: int, tp: int = 1, etp: int | None = None) -> list[str]:
+    """Megatron-core's rule: the expert layers' ep * etp ranks tile the dp * cp * tp ranks of a stage. With etp =
+    tp (its default) that is ep | dp * cp; MoE parallel folding (etp < tp) lets experts span tensor ranks too."""
+    if etp is None or etp == tp:
+        if (dp * cp) % ep:
+            return [
+                f"{key}.ep: ep({ep}) must divide dp({dp})*cp({cp})={dp * cp}"
+                " (experts are sharded over the data-parallel ranks of a stage)"
+            ]
+        return []
+    if (dp * cp * tp) % (ep * etp):
         return [
-            f"{key}.ep: ep({ep}) must divide dp({dp})*cp({cp})={dp * cp}"
-            " (experts are sharded over the data-parallel ranks of a stage)"
+            f"{key}.ep: ep({ep})*etp({etp})={ep * etp} must divide dp({dp})*cp({cp})*tp({tp})={dp * cp * tp}"
+            " (Megatron's expert layers tile the ranks of a stage)"
         ]
     return []
 
@@ -154,6 +163,10 @@ class TrainLayout:
     """Context-parallel shards of the sequence (Megatron CP, verl Ulysses sequence parallel). 1 = off."""
     ep: int = 1
     """Expert-parallel shards of MoE experts, taken from the dp*cp ranks of a stage. 1 = every rank holds all."""
+    etp: int | None = None
+    """Megatron's expert tensor parallel size (MoE parallel folding); None = tp, Megatron's default. With etp < tp
+    the experts span tensor ranks too (ep * etp | dp * cp * tp); the pack's resharder then leaves the weight sync
+    to verl."""
     order: str = MEGATRON_ORDER
     """Rank order, fastest axis first: ``tp-cp-ep-dp-pp`` (Megatron) or ``cp-dp-tp-pp`` (verl FSDP)."""
 
@@ -168,8 +181,10 @@ class TrainLayout:
         if not isinstance(self.order, str):
             return problems + [f"{key}.order: must be a string, got {self.order!r}"]
         problems += _parse_order(self.order, _DENSE_AXES, _DENSE_AXES + ("ep",), key)
-        if not problems and self.dp != -1:
-            problems += _train_ep_problems(key, self.dp, self.cp, self.ep)
+        if self.etp is not None and (not _is_int(self.etp) or self.etp < 1):
+            problems.append(f"{key}.etp: must be a positive integer or null (= tp), got {self.etp!r}")
+        elif not problems and self.dp != -1:
+            problems += _train_ep_problems(key, self.dp, self.cp, self.ep, self.tp, self.etp)
         return problems
 
     def _degrees(self) -> dict[str, object]:
@@ -184,7 +199,7 @@ class TrainLayout:
         """This layout with dp=-1 filled in, checked against ``world_size`` (``world_desc`` explains it)."""
         if self.dp == -1:
             dp = _resolve_leftover(key, {"tp": self.tp, "pp": self.pp, "cp": self.cp}, world_size, world_desc)
-            problems = _train_ep_problems(key, dp, self.cp, self.ep)
+            problems = _train_ep_problems(key, dp, self.cp, self.ep, self.tp, self.etp)
             if problems:
                 raise LayoutError(problems)
             resolved = replace(self, dp=dp)
@@ -412,6 +427,11 @@ def hybridflow_problems(
     problems = []
     if train.tp == 1 and train.pp == 1:
         return problems
+    if train.etp is not None and train.etp != train.tp and train.ep > 1:
+        problems.append(
+            f"{train_key}.etp: experts split over etp({train.etp}) != tp({train.tp}) tensor ranks"
+            " (MoE parallel folding); the resharder maps experts over data-parallel ranks only"
+        )
     if train.tp % infer.tp:
         problems.append(
             f"{infer_key}.tp: infer.tp({infer.tp}) must divide {train_key}.tp({train.tp})"
@@ -430,7 +450,7 @@ def hybridflow_problems(
     return problems
 
 
-_TRAIN_KEYS = ("dp", "tp", "pp", "cp", "ep", "order")
+_TRAIN_KEYS = ("dp", "tp", "pp", "cp", "ep", "etp", "order")
 _INFER_KEYS = ("tp", "pp", "dp", "ep", "order")
 
 

@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 
-from recipes.confdir import conf_dir, group_options, pack_groups
+from recipes.confdir import conf_dir, group_options, pack_groups, recipe_defaults
 from recipes.errors import ConfigError
 from recipes.overrides import override_key, override_value
 from recipes.resolvers import register_resolvers
@@ -22,13 +22,46 @@ def compose_recipe(recipe: str, overrides: list[str] | None = None) -> DictConfi
     if recipe not in RECIPES:
         raise ConfigError(f"recipe: unknown recipe {recipe!r}; choose from {', '.join(RECIPES)}")
     register_resolvers()
-    overrides = list(overrides or [])
+    overrides, _ = adopt_engine_switch(list(overrides or []), recipe)
     refuse_shared_parts(overrides)
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None, job_name=recipe):
             return compose(config_name=recipe, overrides=overrides)
     except HydraException as error:
         raise ConfigError(explain_hydra_error(error, overrides, recipe)) from None
+
+
+# verl 0.9.1's engine switch (its config group ``model_engine``) -> the pack's strategies that are that engine
+ENGINE_STRATEGIES = {"dp": ("fsdp2", "fsdp"), "megatron": ("megatron",), "veomni": ("veomni",)}
+
+
+def adopt_engine_switch(overrides: list[str], recipe: str) -> tuple[list[str], list[str]]:
+    """verl's ``model_engine=<engine>`` (as its example scripts type it) becomes the pack's ``strategy=`` choice of
+    that engine, so the pack's strategy keys match verl's engine configs. Returns the overrides without the switch
+    and a note per adoption; ConfigError for an engine the pack has no strategy for, or a ``strategy=`` that
+    disagrees. A sweep (``model_engine=dp,megatron``) maps each value."""
+    switches = [arg for arg in overrides if override_key(arg) == "model_engine" and not arg.startswith("~")]
+    if not switches:
+        return overrides, []
+    rest = [arg for arg in overrides if arg not in switches]
+    typed = override_value(switches[-1]).strip()
+    engines = [e.strip() for e in typed.split(",")]
+    for engine in engines:
+        if engine not in ENGINE_STRATEGIES:
+            raise ConfigError(f"model_engine={engine}: the pack trains with verl's engines "
+                              f"{', '.join(ENGINE_STRATEGIES)} (strategy={'|'.join(group_options('strategy'))})")
+    chosen = [override_value(arg).strip() for arg in rest if override_key(arg) == "strategy"]
+    if chosen:
+        if len(engines) > 1 or chosen[-1] not in ENGINE_STRATEGIES[engines[0]]:
+            raise ConfigError(f"model_engine={typed} and strategy={chosen[-1]} disagree: verl's {typed} engine is "
+                              f"strategy={'|'.join(s for e in engines for s in ENGINE_STRATEGIES[e])}")
+        return rest, []
+    default = recipe_defaults(recipe).get("strategy")
+    picks = [default if default in ENGINE_STRATEGIES[e] else ENGINE_STRATEGIES[e][0] for e in engines]
+    if picks == [default]:
+        return rest, [f"note: model_engine={typed} (verl's engine switch) is the recipe's strategy={default}"]
+    return [*rest, f"strategy={','.join(picks)}"], [f"note: model_engine={typed} (verl's engine switch) "
+                                                     f"chooses strategy={','.join(picks)}"]
 
 
 def refuse_shared_parts(overrides: list[str]) -> None:

@@ -45,6 +45,12 @@ class FinalRun:
     notes: tuple[str, ...]
 
 
+def loggers(cfg: DictConfig) -> list[str]:
+    """``trainer.logger`` as a list: verl's Tracking takes one backend name or a list of them."""
+    given = cfg.trainer.logger
+    return [str(given)] if isinstance(given, str) else [str(x) for x in given or []]
+
+
 def run_env(cfg: DictConfig, run_dir: Path, environ: Mapping[str, str]) -> dict[str, str]:
     """Environment for every Ray worker of this run: where the loggers write, the plugin loaded loudly."""
     env = {
@@ -57,7 +63,7 @@ def run_env(cfg: DictConfig, run_dir: Path, environ: Mapping[str, str]) -> dict[
         # TransferQueue asks torch for 8 threads and warns on every put/get where the machine has fewer cores
         "TQ_NUM_THREADS": environ.get("TQ_NUM_THREADS", str(min(8, psutil.cpu_count(logical=False) or 1))),
     }
-    if "wandb" in list(cfg.trainer.logger) and not environ.get("WANDB_API_KEY"):
+    if "wandb" in loggers(cfg) and not environ.get("WANDB_API_KEY"):
         env["WANDB_MODE"] = "offline"
     return env
 
@@ -69,8 +75,8 @@ def finalize(run: ValidatedRun, run_dir: str | os.PathLike, environ: Mapping[str
     cfg = copy.deepcopy(run.cfg)
     OmegaConf.set_readonly(cfg, False)
     with open_dict(cfg):
-        loggers = [str(x) for x in cfg.trainer.logger]
-        cfg.trainer.logger = loggers if "file" in loggers else [*loggers, "file"]  # metrics.jsonl always
+        chosen = loggers(cfg)
+        cfg.trainer.logger = chosen if "file" in chosen else [*chosen, "file"]  # metrics.jsonl always
         env = run_env(cfg, run_dir, environ)
         given = OmegaConf.select(cfg, ENV_KEY) or {}
         merged = {**OmegaConf.to_container(OmegaConf.create(given)), **env}

@@ -27,7 +27,7 @@ from hydra.types import HydraContext, RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from recipes.bundle import write_record
-from recipes.compose import explain_hydra_error, refuse_shared_parts
+from recipes.compose import adopt_engine_switch, explain_hydra_error, refuse_shared_parts
 from recipes.confdir import conf_dir
 from recipes.defaults import embedded_defaults, has_accelerator
 from recipes.errors import ConfigError, exit_with
@@ -44,23 +44,29 @@ def run_recipe(recipe: str, argv: list[str] | None = None) -> None:
     """Entry point of ``python -m recipes.<recipe>``."""
     register_resolvers()
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        argv, notices = adopt_engine_switch(argv, recipe)
+    except ConfigError as error:
+        exit_with(error)
     added = embedded_defaults(argv, has_accelerator())
-    notice = f"no GPU found: embedded CPU defaults {' '.join(added)} (choose parallel=/cluster= to plan for GPUs)"
+    if added:
+        notices.append(f"no GPU found: embedded CPU defaults {' '.join(added)} "
+                       "(choose parallel=/cluster= to plan for GPUs)")
     if has_hydra_flags(argv):
-        if added:
-            print(notice, file=sys.stderr)
+        for line in notices:
+            print(line, file=sys.stderr)
         sys.argv = [f"recipes.{recipe}"] + argv + added
         hydra.main(config_path=str(conf_dir()), config_name=recipe, version_base=None)(execute)()
         return
     try:
-        run_single(recipe, argv + added, notice if added else None)
+        run_single(recipe, argv + added, notices)
     except ConfigError as error:
         exit_with(error)
 
 
-def run_single(recipe: str, argv: list[str], notice: str | None = None) -> None:
+def run_single(recipe: str, argv: list[str], notices: list[str] | None = None) -> None:
     """One run, as Hydra's ``run`` does it, with validation between composing and the job: compose, pin the run
-    folder, check (ConfigError: nothing was created), then run the job. ``notice`` is shown once the config is
+    folder, check (ConfigError: nothing was created), then run the job. ``notices`` are shown once the config is
     valid (a bad input gets its error line only)."""
     refuse_shared_parts(argv)
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None, job_name=recipe):
@@ -71,19 +77,19 @@ def run_single(recipe: str, argv: list[str], notice: str | None = None) -> None:
             failed = error
         else:
             failed = None
-            run_composed(app, recipe, cfg, notice)
+            run_composed(app, recipe, cfg, notices or [])
     if failed is not None:  # explained outside Hydra's context: the explanation composes again to suggest a key
         raise ConfigError(explain_hydra_error(failed, argv, recipe))
 
 
-def run_composed(app, recipe: str, cfg: DictConfig, notice: str | None) -> None:
+def run_composed(app, recipe: str, cfg: DictConfig, notices: list[str]) -> None:
     """Validate the composed config, then run it as a Hydra job (run folder, .hydra/, logging), as Hydra's ``run``."""
     with read_write(cfg.hydra):
         cfg.hydra.mode = RunMode.RUN
     pin_run_dir(cfg)
     run = checked_run(task_config(cfg))
-    if notice:
-        print(notice, file=sys.stderr)
+    for line in notices:
+        print(line, file=sys.stderr)
     callbacks = Callbacks(cfg)
     callbacks.on_run_start(config=cfg, config_name=recipe)
 

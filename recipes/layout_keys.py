@@ -23,6 +23,11 @@ LAYOUT_FED_KEYS: dict[str, str] = {
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "layout.train.cp",
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size": "layout.train.cp",
     "critic.ulysses_sequence_parallel_size": "layout.train.cp",
+    # VeOmni: Ulysses and expert parallelism (its ref and critic read the actor's values)
+    "actor_rollout_ref.actor.veomni.ulysses_parallel_size": "layout.train.cp",
+    "actor_rollout_ref.actor.veomni.expert_parallel_size": "layout.train.ep",
+    "actor_rollout_ref.ref.veomni.ulysses_parallel_size": "layout.train.cp",
+    "actor_rollout_ref.ref.veomni.expert_parallel_size": "layout.train.ep",
     # Megatron
     "actor_rollout_ref.actor.megatron.tensor_model_parallel_size": "layout.train.tp",
     "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size": "layout.train.pp",
@@ -36,6 +41,9 @@ LAYOUT_FED_KEYS: dict[str, str] = {
     "critic.megatron.pipeline_model_parallel_size": "layout.train.pp",
     "critic.megatron.context_parallel_size": "layout.train.cp",
     "critic.megatron.expert_model_parallel_size": "layout.train.ep",
+    "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size": "layout.train.etp",
+    "actor_rollout_ref.ref.megatron.expert_tensor_parallel_size": "layout.train.etp",
+    "critic.megatron.expert_tensor_parallel_size": "layout.train.etp",
 }
 
 

@@ -56,7 +56,11 @@ def is_secret_name(name: str) -> bool:
     if not words:
         return False
     if len(words) == 1 and len(parts) > 1:
-        words = _words(parts[-2])[-1:] + words  # a bare `key`: its parent says which (wandb.key, teacher_model.key)
+        # a bare `key`: its parent says which (wandb.key is secret, teacher_model.key is not); under a user-named
+        # entry of a map the grandparent does (distillation.teacher_models.gsm8k.key names a data source)
+        if words[0] in _SECRET_LAST and len(parts) > 2 and (_words(parts[-3]) or [""])[-1] in _NOT_SECRET_BEFORE:
+            return False
+        words = _words(parts[-2])[-1:] + words
     if any(part in word for word in words for part in _SECRET_PARTS) or any(w in _SECRET_WORDS for w in words):
         return True
     if len(words) > 2 and words[-2:] == ["KEY", "ID"]:
@@ -77,13 +81,18 @@ def redact_env(environ: Mapping[str, str]) -> dict[str, str]:
     return {k: (REDACTED if is_secret_name(k) and v != "" else redact_value(v)) for k, v in sorted(environ.items())}
 
 
-def redact_config(node):
-    """A plain container (dicts, lists, scalars) with secret keys' scalar values and key-shaped strings replaced."""
+def redact_config(node, path: str = ""):
+    """A plain container (dicts, lists, scalars) with secret keys' scalar values and key-shaped strings replaced;
+    a key is judged by its dotted path (``wandb.key`` is secret, ``teacher_models.gsm8k.key`` is not)."""
     if isinstance(node, dict):
-        return {k: (REDACTED if is_secret_name(str(k)) and v not in (None, "") and not isinstance(v, (dict, list, bool))
-                    else redact_config(v)) for k, v in node.items()}
+        out = {}
+        for k, v in node.items():
+            child = f"{path}.{k}" if path else str(k)
+            secret = is_secret_name(child) and v not in (None, "") and not isinstance(v, (dict, list, bool))
+            out[k] = REDACTED if secret else redact_config(v, child)
+        return out
     if isinstance(node, list):
-        return [redact_config(v) for v in node]
+        return [redact_config(v, path) for v in node]
     if isinstance(node, str):
         return redact_value(node)
     return node

@@ -148,6 +148,8 @@ class TrainAxes(_Checked):
     """context-parallel ranks (Megatron context parallel, FSDP Ulysses); 1: whole sequences per rank"""
     ep: int = _bounded(AT_LEAST_ONE, default=1)
     """expert-parallel ranks (MoE), carved out of dp * cp; 1: every rank holds all experts"""
+    etp: int | None = _bounded(AT_LEAST_ONE, default=None)
+    """expert tensor parallel ranks (Megatron MoE parallel folding); null: tp, Megatron's default"""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -15,6 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from hybrid_engine.layout import FSDP_ORDER, InferLayout, TrainLayout, collect_layout_errors
+from hybrid_engine.plan.settings import FSDP_FAMILY
 from hybrid_engine.model_spec import (
     MODEL_CONFIG_DIR,
     ModelArch,
@@ -33,7 +34,7 @@ from recipes.verl_ext import api as verl
 from recipes.verl_ext import types as verl_types
 from recipes.verl_ext.stability.entropy import entropy_warnings
 
-FSDP_STRATEGIES = ("fsdp", "fsdp2")
+FSDP_STRATEGIES = FSDP_FAMILY
 
 
 @dataclass(frozen=True)
@@ -200,8 +201,8 @@ def _fsdp_layout(cfg, train: dict, problems: list[str]) -> dict:
                     f"shards over data parallel only (pick parallel=tp1/tp2/tp4/tp8 to generate with TP under FSDP)"
                 )
         ep = train.get("ep")
-        if isinstance(ep, int) and ep > 1:
-            problems.append(f"layout.train.ep: ep({ep}) > 1 needs strategy=megatron under verl 0.9.1")
+        if isinstance(ep, int) and ep > 1 and strategy != "veomni":
+            problems.append(f"layout.train.ep: ep({ep}) > 1 needs strategy=megatron or veomni under verl 0.9.1")
     return train
 
 

@@ -92,6 +92,8 @@ class Plan:
         why = [f"infer.{axis} {b} does not divide train.{axis} {a}"
                for axis, a, b in (("tp", t.tp, i.tp), ("pp", t.pp, i.pp), ("ep", t.ep, i.ep))
                if not g.fsdp and a % b and (axis != "ep" or b > 1)]
+        if not g.fsdp and t.ep > 1 and t.etp is not None and t.etp != t.tp:
+            why.append(f"experts split over etp {t.etp} != tp {t.tp} tensor ranks (MoE parallel folding)")
         if g.fsdp:
             why.append(f"FSDP shards are resharded for infer.pp 1, not {i.pp}")
         elif not why:

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DTYPE_BYTES", "OFFLOAD_CHOICES", "STRATEGIES", "ClusterSpec", "PlanSettings", "dtype_bytes"]
+__all__ = ["DTYPE_BYTES", "FSDP_FAMILY", "OFFLOAD_CHOICES", "STRATEGIES", "ClusterSpec", "PlanSettings", "dtype_bytes"]
 
-STRATEGIES = ("fsdp", "fsdp2", "megatron")
+STRATEGIES = ("fsdp", "fsdp2", "megatron", "veomni")
+# engines that shard every parameter over the data-parallel ranks (VeOmni is FSDP2 with Ulysses and expert parallel)
+FSDP_FAMILY = ("fsdp", "fsdp2", "veomni")
 OFFLOAD_CHOICES = ("none", "param", "optimizer", "full")
 DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float32": 4, "fp32": 4, "float8": 1, "fp8": 1}
 
@@ -62,7 +64,7 @@ class PlanSettings:
     """Everything the plan needs from a run's config besides layouts and cluster (verl key names in brackets)."""
 
     strategy: str = "fsdp2"
-    """Training engine: fsdp, fsdp2 or megatron [actor_rollout_ref.actor.strategy]."""
+    """Training engine: fsdp, fsdp2, megatron or veomni [actor_rollout_ref.actor.strategy]."""
     param_offload: bool = False
     """Actor (and ref, critic) parameters and gradients live on CPU outside their compute [*.param_offload]."""
     optimizer_offload: bool = False
@@ -122,7 +124,7 @@ class PlanSettings:
 
     @property
     def is_fsdp(self) -> bool:
-        return self.strategy in ("fsdp", "fsdp2")
+        return self.strategy in FSDP_FAMILY
 
     def problems(self) -> list[str]:
         problems = []

@@ -1,5 +1,7 @@
 """Layouts checked on CPU without building a mesh (like torchtitan's test_parallel_dims.py)."""
 
+from dataclasses import replace
+
 import pytest
 
 from hybrid_engine.layout import (
@@ -168,7 +170,7 @@ def test_collect_bad_values():
     train, infer, problems = collect_layout_errors({"tp": 0, "dp": "x", "foo": 1}, None, 8, None)
     assert train is None and infer is not None and infer.dp == 8
     assert problems == [
-        "layout.train: unknown keys ['foo']; allowed: ['dp', 'tp', 'pp', 'cp', 'ep', 'order']",
+        "layout.train: unknown keys ['foo']; allowed: ['dp', 'tp', 'pp', 'cp', 'ep', 'etp', 'order']",
         "layout.train.dp: must be an integer, got 'x'",
         "layout.train.tp: must be a positive integer, got 0",
     ]
@@ -185,3 +187,25 @@ def test_collect_good():
     train, infer, problems = collect_layout_errors({"tp": 8, "pp": 4}, {"tp": 4, "dp": -1}, 32, DESC)
     assert problems == []
     assert train == TrainLayout(dp=1, tp=8, pp=4) and infer == InferLayout(tp=4, pp=1, dp=8)
+
+
+def test_moe_parallel_folding_lets_experts_span_tensor_ranks():
+    # Moonlight on 24 GPUs as verl's example runs it: tp4 pp3 ep4 etp1 -> dp2; ep(4) > dp*cp(2), but 4*1 | 2*1*4
+    _, _, folded = collect_layout_errors({"tp": 4, "pp": 3, "ep": 4, "etp": 1}, {"tp": 4}, 24, None)
+    assert folded == []
+    _, _, default = collect_layout_errors({"tp": 4, "pp": 3, "ep": 4}, {"tp": 4}, 24, None)  # etp = tp
+    assert default == ["layout.train.ep: ep(4) must divide dp(2)*cp(1)=2 "
+                       "(experts are sharded over the data-parallel ranks of a stage)"]
+    _, _, too_wide = collect_layout_errors({"tp": 4, "pp": 3, "ep": 4, "etp": 3}, {"tp": 4}, 24, None)
+    assert too_wide == ["layout.train.ep: ep(4)*etp(3)=12 must divide dp(2)*cp(1)*tp(4)=8 "
+                        "(Megatron's expert layers tile the ranks of a stage)"]
+    with pytest.raises(LayoutError, match=r"layout.train.etp: must be a positive integer or null \(= tp\), got 0"):
+        TrainLayout(tp=4, etp=0)
+
+
+def test_folded_experts_leave_the_weight_sync_to_verl():
+    train = TrainLayout(dp=2, tp=4, pp=3, ep=4, etp=1)
+    assert hybridflow_problems(train, InferLayout(tp=4, dp=6)) == [
+        "layout.train.etp: experts split over etp(1) != tp(4) tensor ranks (MoE parallel folding); "
+        "the resharder maps experts over data-parallel ranks only"]
+    assert hybridflow_problems(replace(train, ep=2, etp=4), InferLayout(tp=4, dp=6)) == []

@@ -47,6 +47,15 @@ BAD = [
     ("grpo", ["cluster.nnodes=0"], "cluster.nnodes: must be a positive integer, got 0"),
     ("grpo", ["action=deploy"], "action: unknown action 'deploy'; choose from validate, plan, train"),
     ("grpo", ["actor_rollout_ref.rollout.n=0"], "actor_rollout_ref.rollout.n: must be a positive integer, got 0"),
+    # verl's engine switch: adopted as the pack's strategy, refused where the two disagree or the pack has none
+    ("grpo", ["parallel=tp2", "model_engine=megatron", "strategy=fsdp2"],
+     "model_engine=megatron and strategy=fsdp2 disagree: verl's megatron engine is strategy=megatron"),
+    ("grpo", ["parallel=tp2", "model_engine=torchtitan"],
+     "model_engine=torchtitan: the pack trains with verl's engines dp, megatron, veomni "
+     "(strategy=fsdp|fsdp2|megatron|veomni)"),
+    ("grpo", ["strategy=megatron", "parallel=tp4pp2", "model=qwen3_30b_a3b", "layout.train.ep=4",
+              "layout.train.etp=3", "cluster.nnodes=2"],
+     "layout.train.ep: ep(4)*etp(3)=12 must divide dp(2)*cp(1)*tp(4)=8 (Megatron's expert layers tile the ranks"),
 ]
 
 

@@ -14,7 +14,11 @@ CASES = [
     ("fsdp", "tp4", []), ("fsdp2", "cpu", ["cluster=cpu"]),
     ("megatron", "tp2", []), ("megatron", "tp8", []), ("megatron", "tp4pp2", []),
     ("megatron", "tp8pp4", ["cluster.nnodes=4"]),
+    ("veomni", "tp1", []), ("veomni", "tp2", ["layout.train.cp=2"]),
 ]
+# rollout tp/pp/ep and trainer nnodes/gpus, plus each engine's own: FSDP's three Ulysses sizes, Megatron's
+# tp/pp/cp/ep/etp for actor, ref and critic, VeOmni's Ulysses and expert sizes for actor and ref
+KEYS_PER_STRATEGY = {"fsdp2": 8, "fsdp": 8, "megatron": 20, "veomni": 9}
 
 
 def test_cases_cover_every_parallel_option():
@@ -25,15 +29,14 @@ def test_cases_cover_every_parallel_option():
 def test_verl_keys_equal_layout_numbers(strategy, parallel, extra):
     cfg = compose_recipe("kl_ppo", [f"strategy={strategy}", f"parallel={parallel}", *extra])
     keys = present_keys(cfg)
-    # FSDP has the Ulysses keys, Megatron the megatron sizes; both have rollout and trainer keys
-    assert len(keys) == (17 if strategy == "megatron" else 8)
+    assert len(keys) == KEYS_PER_STRATEGY[strategy], keys
     for verl_key in keys:
         assert OmegaConf.select(cfg, verl_key) == OmegaConf.select(cfg, LAYOUT_FED_KEYS[verl_key]), verl_key
     train = cfg.layout.train
     assert train.dp * train.tp * train.pp * train.cp == cfg.cluster.nnodes * cfg.cluster.gpus_per_node
 
 
-def test_seed_layout_numbers():
+def test_the_article_layout_numbers():
     cfg = compose_recipe("kl_ppo", ["strategy=megatron", "parallel=tp8pp4", "cluster.nnodes=4"])
     actor = cfg.actor_rollout_ref.actor.megatron
     assert (actor.tensor_model_parallel_size, actor.pipeline_model_parallel_size) == (8, 4)

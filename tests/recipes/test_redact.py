@@ -14,6 +14,10 @@ LAYOUTS = [
     ("grpo", ["strategy=megatron", "parallel=tp8"]),
     ("kl_ppo", ["strategy=megatron", "parallel=tp4pp2"]),
     ("grpo", ["rollout=sglang", "logger=wandb"]),
+    ("grpo", ["strategy=veomni", "parallel=tp2"]),
+    # verl's distillation teachers are a map keyed by data source; each entry's `key` names that source
+    ("grpo", ["parallel=tp2", "+distillation.teacher_models.gsm8k.key=openai/gsm8k",
+              "+distillation.teacher_models.geo3k.key=hiyouga/geometry3k"]),
 ]
 
 
@@ -43,3 +47,9 @@ def test_secrets_of_every_kind_are_hidden_in_a_config():
     assert out["trainer"] == {"wandb_key": REDACTED, "hub_token": REDACTED}
     assert out["logger"] == {"apiKey": REDACTED} and out["db"]["password"] == REDACTED
     assert out["db"]["url"] == f"postgres://u:{REDACTED}@host/db" and out["note"] == REDACTED
+
+
+def test_a_bare_key_is_secret_by_its_parent_or_by_the_map_it_sits_in():
+    assert is_secret_name("trainer.wandb.key") and is_secret_name("wandb.key") and is_secret_name("service.token")
+    assert not is_secret_name("actor_rollout_ref.model.teacher_model.key")
+    assert not is_secret_name("distillation.teacher_models.gsm8k.key")
