@@ -23,6 +23,9 @@ LAYOUT_FED_KEYS: dict[str, str] = {
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "layout.train.cp",
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size": "layout.train.cp",
     "critic.ulysses_sequence_parallel_size": "layout.train.cp",
+    "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size": "layout.train.cp",
+    "actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size": "layout.train.cp",
+    "critic.fsdp.ulysses_sequence_parallel_size": "layout.train.cp",
     # VeOmni: Ulysses and expert parallelism (its ref and critic read the actor's values)
     "actor_rollout_ref.actor.veomni.ulysses_parallel_size": "layout.train.cp",
     "actor_rollout_ref.actor.veomni.expert_parallel_size": "layout.train.ep",

@@ -8,8 +8,17 @@ config error must not pay it.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
+import sys
+import types
 import warnings
+from typing import Literal, get_args
+
+# verl 0.9.1's own fallback for vLLM's MaxLoRARanks (verl/workers/rollout/vllm_rollout/utils.py,
+# get_vllm_max_lora_rank), used where vLLM is not installed; tests/recipes/verl_ext/test_api.py holds them equal
+VLLM_LORA_RANKS = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]
+_VLLM_ROLLOUT_UTILS = "verl.workers.rollout.vllm_rollout.utils"
 
 
 def _quietly():
@@ -43,10 +52,37 @@ def validate_config(cfg, *, use_critic: bool, use_reference_policy: bool) -> Non
     from verl.utils.config import omega_conf_to_dataclass  # lazy: import verl costs seconds
     from verl.utils.config import validate_config as verl_validate_config  # lazy: import verl costs seconds
 
-    with _quietly():
+    with _quietly(), _lora_rank_check_without_vllm():
         verl_validate_config(config=cfg, use_reference_policy=use_reference_policy, use_critic=use_critic)
         omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
         omega_conf_to_dataclass(cfg.algorithm)
+
+
+def max_lora_rank(lora_rank: int) -> int:
+    """verl's ``get_vllm_max_lora_rank`` on its fallback rank list: the smallest allowed rank >= ``lora_rank``."""
+    assert lora_rank > 0, f"lora_rank must be greater than 0, get {lora_rank}"
+    ranks = sorted(get_args(VLLM_LORA_RANKS))
+    if lora_rank > ranks[-1]:
+        raise ValueError(f"lora_rank must be less than or equal to {ranks[-1]}, but got {lora_rank}")
+    return next(rank for rank in ranks if lora_rank <= rank)
+
+
+@contextlib.contextmanager
+def _lora_rank_check_without_vllm():
+    """verl's validate_config checks a LoRA rank by importing its vLLM rollout utilities, which import vLLM (a
+    cluster package): on a machine without vLLM it fails before checking anything. There, the same check runs on
+    verl's own fallback rank list; with vLLM installed, verl's function runs unchanged."""
+    if importlib.util.find_spec("vllm") is not None or _VLLM_ROLLOUT_UTILS in sys.modules:
+        yield
+        return
+    stand_in = types.ModuleType(_VLLM_ROLLOUT_UTILS)
+    stand_in.get_vllm_max_lora_rank = max_lora_rank
+    sys.modules[_VLLM_ROLLOUT_UTILS] = stand_in
+    try:
+        yield
+    finally:
+        if sys.modules.get(_VLLM_ROLLOUT_UTILS) is stand_in:
+            del sys.modules[_VLLM_ROLLOUT_UTILS]
 
 
 def detected_device(cfg) -> str | None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
+import sys
 import functools
 import itertools
 import warnings
@@ -38,3 +40,31 @@ def test_roles_match_verl(recipe, estimator, critic, kl_in_reward, kl_loss):
 @functools.cache
 def _composed(recipe):
     return compose_recipe(recipe, ["parallel=tp1"])
+
+
+def test_lora_rank_fallback_is_verls_own():
+    """Where vLLM is absent, validation checks a LoRA rank on the list verl's get_vllm_max_lora_rank falls back to."""
+    import ast
+    import importlib.util
+    from typing import get_args
+
+    source = open(importlib.util.find_spec("verl").submodule_search_locations[0]
+                  + "/workers/rollout/vllm_rollout/utils.py").read()
+    fallback = next(node for node in ast.walk(ast.parse(source))
+                    if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "MaxLoRARanks")
+    assert ast.literal_eval(fallback.value.slice) == get_args(api.VLLM_LORA_RANKS)
+    assert [api.max_lora_rank(r) for r in (1, 2, 64, 65, 300, 512)] == [1, 8, 64, 128, 320, 512]
+    with pytest.raises(ValueError, match="lora_rank must be less than or equal to 512, but got 513"):
+        api.max_lora_rank(513)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM installed: verl's own check runs")
+def test_verl_validator_checks_lora_without_vllm():
+    cfg = _composed("grpo")
+    cfg = copy.deepcopy(cfg)
+    OmegaConf.update(cfg, "actor_rollout_ref.model.lora_rank", 64)
+    api.validate_config(cfg, use_critic=False, use_reference_policy=True)  # no vLLM needed
+    assert "verl.workers.rollout.vllm_rollout.utils" not in sys.modules  # the stand-in does not outlive the check
+    OmegaConf.update(cfg, "actor_rollout_ref.model.lora_rank", 1024)
+    with pytest.raises(ValueError, match="but got 1024"):
+        api.validate_config(cfg, use_critic=False, use_reference_policy=True)
