@@ -28,10 +28,11 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from recipes.bundle import write_record
 from recipes.compose import adopt_engine_switch, explain_hydra_error, refuse_shared_parts
-from recipes.confdir import conf_dir
-from recipes.defaults import embedded_defaults, has_accelerator
+from recipes.confdir import conf_dir, entry_command
+from recipes.defaults import EMBEDDED_DEFAULTS, embedded_defaults, has_accelerator
 from recipes.errors import ConfigError, exit_with
 from recipes.finalize import finalize
+from recipes.help import SCRIPTS, help_topic, print_help
 from recipes.overrides import has_hydra_flags
 from recipes.ray_jobs import preflight, submit_from_hydra
 from recipes.resolvers import register_resolvers
@@ -42,8 +43,17 @@ ACTIONS = ("validate", "plan", "train")
 
 def run_recipe(recipe: str, argv: list[str] | None = None) -> None:
     """Entry point of ``python -m recipes.<recipe>``."""
-    register_resolvers()
     argv = list(sys.argv[1:] if argv is None else argv)
+    prog = invoked_as(recipe)
+    if help_topic(argv)[0]:  # before torch (has_accelerator) and Hydra: help answers at once
+        sys.exit(print_help(recipe, prog, argv, EMBEDDED_DEFAULTS))
+    register_resolvers()
+    hydra_argv0 = prog if prog in SCRIPTS.values() else f"recipes.{recipe}"  # shell completion is installed for it
+    if any(arg == "-sc" or arg.startswith("--shell-completion") for arg in argv):
+        # Hydra completes from COMP_LINE: no GPU probe (torch) and no notice in the user's prompt at each <tab>
+        sys.argv = [hydra_argv0] + argv
+        hydra.main(config_path=str(conf_dir()), config_name=recipe, version_base=None)(execute)()
+        return
     try:
         argv, notices = adopt_engine_switch(argv, recipe)
     except ConfigError as error:
@@ -55,13 +65,29 @@ def run_recipe(recipe: str, argv: list[str] | None = None) -> None:
     if has_hydra_flags(argv):
         for line in notices:
             print(line, file=sys.stderr)
-        sys.argv = [f"recipes.{recipe}"] + argv + added
+        sys.argv = [hydra_argv0] + argv + added
         hydra.main(config_path=str(conf_dir()), config_name=recipe, version_base=None)(execute)()
         return
     try:
         run_single(recipe, argv + added, notices)
     except ConfigError as error:
         exit_with(error)
+
+
+def invoked_as(recipe: str) -> str:
+    """How the user started this recipe: a console script (``klppo-grpo``) by its name, else its entry command."""
+    name = os.path.basename(sys.argv[0]) if sys.argv else ""
+    return name if name in SCRIPTS.values() else " ".join(entry_command(recipe))
+
+
+def main_grpo() -> None:
+    """Console script ``klppo-grpo``: ``python -m recipes.grpo``."""
+    run_recipe("grpo")
+
+
+def main_kl_ppo() -> None:
+    """Console script ``klppo-kl-ppo``: ``python -m recipes.kl_ppo``."""
+    run_recipe("kl_ppo")
 
 
 def run_single(recipe: str, argv: list[str], notices: list[str] | None = None) -> None:
