@@ -11,7 +11,6 @@ from omegaconf import DictConfig, OmegaConf
 from hybrid_engine.plan import ClusterSpec, Plan, PlanSettings, build_plan
 from recipes.schema import PLAN_FORMATS, Cluster, Offload, SchemaError, load_section
 from recipes.schema import Plan as PlanKeys
-from recipes.validate import ValidatedRun
 
 FORMATS = PLAN_FORMATS
 
@@ -59,7 +58,9 @@ def plan_settings(cfg: DictConfig, has_critic: bool, has_ref: bool) -> PlanSetti
     )
 
 
-def make_plan(run: ValidatedRun) -> Plan:
+def make_plan(run) -> Plan:
+    """The plan of a validated run (``recipes.validate.ValidatedRun``; not imported: recipes.fit, which validation
+    calls, plans through this module)."""
     settings = plan_settings(run.cfg, run.use_critic, run.use_ref)
     return build_plan(run.arch, run.train, run.infer, cluster_spec(run.cfg), settings)
 

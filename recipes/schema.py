@@ -359,7 +359,7 @@ class NCCL(_Checked):
 
 @dataclass(kw_only=True, slots=True)
 class Run(_Checked):
-    """``run``: where the run's folder goes."""
+    """``run``: where the run's folder goes, and whether a plan over the GPU's memory may go on."""
 
     name: str
     """the recipe's name, a folder level"""
@@ -367,6 +367,9 @@ class Run(_Checked):
     """root of all run folders, relative to the launch folder"""
     dir: str
     """this run's folder (Hydra's output folder)"""
+    allow_overcommit: bool = False
+    """go on when the planned peak memory per GPU exceeds cluster.gpu.memory_gib: a warning instead of the error
+    (recipes.fit; the planner's memory model is an estimate, for experts who know better)"""
 
 
 PlanFormat = Literal["table", "json"]

@@ -27,6 +27,7 @@ from hybrid_engine.model_spec import (
 )
 from recipes.confdir import recipe_defaults
 from recipes.errors import ConfigError
+from recipes.fit import check_memory
 from recipes.layout_keys import Adoption, adopt, find_adoptions
 from recipes.overrides import override_key, override_value
 from recipes.schema import PackConfig, check_schema, depends_on, resolve
@@ -327,6 +328,21 @@ def _check_model(
                             f"{experts} % {layout.ep} = {experts % layout.ep}")
 
 
+def _admissible(cfg: DictConfig, arch: ModelArch | None, use_critic: bool):
+    """Whether validation accepts another layout of this run (its batch splits, the model's heads per rank): for the
+    layouts recipes.fit suggests."""
+    strategy, rollout = OmegaConf.select(cfg, "strategy.name"), str(OmegaConf.select(cfg, "rollout.name"))
+
+    def admissible(train: TrainLayout, infer: InferLayout) -> bool:
+        found: list[str] = []
+        _check_batches(cfg, train, use_critic, found)
+        if arch is not None:
+            _check_model(arch, train, infer, strategy, found, [], rollout)
+        return not found
+
+    return admissible
+
+
 def _offline_stand_in(container: dict, arch: ModelArch | None) -> DictConfig | None:
     """A copy for verl's checks that reads the architecture from the shipped config.json instead of the hub.
 
@@ -373,7 +389,7 @@ def check(cfg: DictConfig, *, run_verl: bool = True) -> ValidatedRun:
 
     The pack's checks, then, on the resolved values, the pack's schema (recipes.schema) and the range table
     (recipes.verl_ext.types.RANGES); verl's own checks (its annotations, then its validate_config) import verl and
-    run once those found nothing.
+    run once those found nothing; then the planned peak memory per GPU against the GPU's (recipes.fit).
 
     A pure function: ``cfg`` is not written to. verl layout keys typed directly are adopted into a copy (and come
     back as ``adopted``); the result's config is resolved and read-only.
@@ -415,10 +431,14 @@ def check(cfg: DictConfig, *, run_verl: bool = True) -> ValidatedRun:
     if problems:
         cfg = copy.deepcopy(cfg)  # handed on read-only: never the caller's own object
     else:
-        cfg = OmegaConf.create(container)
+        checked, cfg = cfg, OmegaConf.create(container)
         if run_verl:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             _verl_checks(_offline_stand_in(container, arch) or cfg, use_critic, use_ref, problems)
+        # the planned peak memory per GPU against the GPU (recipes.fit), with the changes that fit when it does not
+        check_memory(checked, train, infer, arch, use_critic=use_critic, use_ref=use_ref,
+                     allow_overcommit=pack is not None and pack.run.allow_overcommit,
+                     admissible=_admissible(cfg, arch, use_critic), problems=problems, warnings=warnings)
     OmegaConf.set_readonly(cfg, True)
     return ValidatedRun(cfg=cfg, train=train, infer=infer, arch=arch, warnings=tuple(warnings),
                         problems=tuple(problems), adopted=tuple(adoptions), use_critic=use_critic, use_ref=use_ref,

@@ -1,0 +1,342 @@
+"""Memory is part of validation: a layout whose planned peak memory per GPU exceeds the GPU is an error, with the
+changes that would make it fit.
+
+The planner (``hybrid_engine.plan``) estimates every GPU's memory phase by phase; here its peak is compared with
+``cluster.gpu.memory_gib``. Planned peak > GPU memory is a problem (exit 2 in ``validate``, ``plan`` and ``train``),
+with up to three changes that fit, each found by re-planning with that change applied:
+
+- ``offload=optimizer|param|full`` (never one that turns an offload off);
+- ``actor_rollout_ref.rollout.gpu_memory_utilization=x`` lower, in steps of 0.05, the KV cache still holding a sequence;
+- ``layout.train.tp=2t|4t`` (Megatron: parameters and gradients split over more tensor ranks; inside one node);
+- ``cluster.nnodes=2n|4n`` (more data-parallel ranks shard the optimizer; FSDP shards everything);
+- and, where no single change fits, one of the last three together with an offload, or a layout change with a lower
+  rollout share.
+
+A suggestion counts only when its re-plan fits by the planner's own rule (``fits``: headroom of at least
+``min_headroom_gib`` and a KV cache), its layout is one validation accepts (``admissible``), and the KV cache holds
+one sequence. The error itself is only "planned peak > GPU memory": the memory model is an estimate (the plan
+accuracy figures in the README), so nothing stricter fails a run. ``run.allow_overcommit=true`` turns the error into
+a warning (and skips the search).
+
+Nothing to check without the model's shape (a hub id the pack does not ship: ``arch`` is None) or on the CPU
+(``cluster=cpu``, the embedded default).
+
+Re-planning is cheap: a change of settings re-runs only the memory model on the same groups
+(``estimate_memory``, what ``build_plan`` runs); a change of layout builds a plan once (reusing the tensor spec);
+monotone axes are tried at their strongest value first, so a hopeless axis costs one re-plan.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from omegaconf import DictConfig, OmegaConf
+
+from hybrid_engine.layout import InferLayout, LayoutError, TrainLayout
+from hybrid_engine.model_spec import ModelArch
+from hybrid_engine.plan import ClusterSpec, Plan, PlanSettings, build_plan
+from hybrid_engine.plan.memory import estimate_memory
+from hybrid_engine.plan.render import gib_text
+from hybrid_engine.plan.settings import GIB
+from recipes.plan import cluster_spec, plan_settings
+from recipes.schema import SchemaError
+
+__all__ = ["Suggestion", "check_memory", "memory_plan", "overcommitted", "suggest"]
+
+UTILIZATION_KEY = "actor_rollout_ref.rollout.gpu_memory_utilization"
+UTILIZATION_STEP = 20
+"""rollout shares are suggested in steps of 1/20 = 0.05"""
+OFFLOADS = ("optimizer", "param", "full")
+"""mildest first; ``full`` holds the least of the three on the GPU"""
+FACTORS = (2, 4)
+"""layout.train.tp and cluster.nnodes are suggested at 2x and 4x their value"""
+
+Admissible = Callable[[TrainLayout, InferLayout], bool]
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    """Overrides to add to the command line, and what the re-plan with them gives."""
+
+    overrides: tuple[str, ...]
+    peak_bytes: int
+    peak_phase: str
+
+    @property
+    def text(self) -> str:
+        return " ".join(self.overrides)
+
+    def line(self) -> str:
+        return f"{self.text}  (planned peak {gib_text(self.peak_bytes)} in {self.peak_phase})"
+
+
+def on_cpu(cfg: DictConfig) -> bool:
+    """The CPU cluster (``cluster=cpu``, the embedded default): no GPU memory to check."""
+    return (OmegaConf.select(cfg, "cluster.gpu.name", default=None) == "cpu"
+            or OmegaConf.select(cfg, "trainer.device", default=None) == "cpu")
+
+
+def memory_plan(cfg: DictConfig, train: TrainLayout | None, infer: InferLayout | None, arch: ModelArch | None, *,
+                use_critic: bool, use_ref: bool) -> Plan | None:
+    """The run's plan, for its memory; None when there is nothing to check (unknown model, the CPU, a layout the
+    planner cannot place: validation reports that one)."""
+    if arch is None or train is None or infer is None or on_cpu(cfg):
+        return None
+    try:
+        plan = build_plan(arch, train, infer, cluster_spec(cfg), plan_settings(cfg, use_critic, use_ref))
+    except (SchemaError, LayoutError, TypeError, ValueError):  # reported by the checks that read those keys
+        return None
+    return plan if plan.memory is not None and not plan.errors else None
+
+
+def overcommitted(plan: Plan | None) -> bool:
+    """Planned peak memory per GPU > the GPU's memory (nothing stricter: the model is an estimate)."""
+    return plan is not None and plan.memory is not None and plan.memory["peak_bytes"] > plan.memory["gpu_bytes"]
+
+
+def layout_free(cfg: DictConfig) -> bool:
+    """Whether layout.train.dp and layout.infer.dp are derived from the world size (the defaults), so that a change
+    of cluster.nnodes or layout.train.tp re-derives them; a dp typed as a number pins the world."""
+    for key in ("layout.train", "layout.infer"):
+        node = OmegaConf.select(cfg, key, default=None)
+        if not isinstance(node, DictConfig) or "dp" not in node or not OmegaConf.is_interpolation(node, "dp"):
+            return False
+    return True
+
+
+def check_memory(cfg: DictConfig, train: TrainLayout | None, infer: InferLayout | None, arch: ModelArch | None, *,
+                 use_critic: bool, use_ref: bool, allow_overcommit: bool, admissible: Admissible | None,
+                 problems: list[str], warnings: list[str]) -> None:
+    """Append the memory problem (or, with ``run.allow_overcommit=true``, the warning) of a run whose planned peak
+    exceeds the GPU. ``cfg`` is the config as checked (read only); ``admissible(train, infer)``: whether validation
+    accepts a changed layout (batch splits, heads per tensor rank)."""
+    plan = memory_plan(cfg, train, infer, arch, use_critic=use_critic, use_ref=use_ref)
+    if not overcommitted(plan):
+        return
+    head = overcommit_line(plan)
+    if allow_overcommit:
+        warnings.append(f"{head}; run.allow_overcommit=true: going on (it may run out of GPU memory)")
+        return
+    found = suggest(plan, layout_free=layout_free(cfg), admissible=admissible)
+    if found:
+        lines = [f"{head}; these fit when re-planned (add to the command line):"]
+        lines += [f"    {s.line()}" for s in found]
+    else:
+        lines = [f"{head}; no offload, lower {UTILIZATION_KEY}, larger layout.train.tp or more cluster.nnodes "
+                 f"(alone or two together) re-plans as fitting"]
+    lines.append("    or run.allow_overcommit=true to go on anyway")
+    problems.append("\n".join(lines))
+
+
+def overcommit_line(plan: Plan) -> str:
+    """``memory: planned peak ... > ...``: what does not fit, with the arithmetic."""
+    m, t, i, c = plan.memory, plan.train, plan.infer, plan.cluster
+    return (f"memory: planned peak {gib_text(m['peak_bytes'])} per GPU in {m['peak_phase']} > cluster.gpu.memory_gib "
+            f"{c.memory_gib:g} ({c.gpu}), {gib_text(m['peak_bytes'] - m['gpu_bytes'])} over: {plan.arch.name} "
+            f"{plan.settings.strategy} train tp{t.tp} pp{t.pp} cp{t.cp} dp{t.dp}, infer tp{i.tp}, "
+            f"offload {plan.settings.offload}, {UTILIZATION_KEY} {plan.settings.gpu_memory_utilization:g}, "
+            f"on {c.nnodes}x{c.gpus_per_node} GPUs")
+
+
+# -- the search ---------------------------------------------------------------------------------------------------
+
+Layout = tuple[ClusterSpec, TrainLayout, InferLayout]
+
+
+@dataclass(frozen=True)
+class _Option:
+    overrides: tuple[str, ...]
+    layout: Layout
+
+
+class _Search:
+    """Re-plans with memos: one plan per layout, the memory model alone for a change of settings."""
+
+    def __init__(self, base: Plan, admissible: Admissible | None):
+        self.base = base
+        self.admissible = admissible
+        self.plans: dict[Layout, Plan | None] = {(base.cluster, base.train, base.infer): base}
+
+    def plan(self, layout: Layout) -> Plan | None:
+        """The plan of a layout with the run's settings; None when the planner or validation refuses the layout."""
+        if layout not in self.plans:
+            cluster, train, infer = layout
+            try:
+                plan = build_plan(self.base.arch, train, infer, cluster, self.base.settings, spec=self.base.spec)
+            except LayoutError:
+                plan = None
+            if plan is not None and (plan.errors or plan.memory is None or plan.groups is None):
+                plan = None
+            if plan is not None and self.admissible is not None and not self.admissible(plan.train, plan.infer):
+                plan = None
+            self.plans[layout] = plan
+        return self.plans[layout]
+
+    @staticmethod
+    def memory(plan: Plan, settings: PlanSettings) -> dict:
+        if settings == plan.settings:
+            return plan.memory
+        return estimate_memory(plan.spec, plan.groups, plan.cluster, settings, plan.memory["rollout"]["weights"])
+
+    @staticmethod
+    def fits(memory: dict, settings: PlanSettings) -> bool:
+        return bool(memory["fits"]) and memory["rollout"]["kv_cache_tokens"] >= settings.sequence_length
+
+    def offload(self, plan: Plan, names: tuple[str, ...]) -> tuple[str, dict] | None:
+        """The mildest of ``names`` (mildest first) that fits on ``plan``'s layout; ``full`` (it holds the least) is
+        tried first: when it does not fit, neither does a milder one."""
+        tries = {name: _with_offload(plan.settings, name) for name in names}
+        memories = {}
+        if "full" in names:
+            memories["full"] = self.memory(plan, tries["full"])
+            if not self.fits(memories["full"], tries["full"]):
+                return None
+        for name in names:
+            memory = memories.get(name) or self.memory(plan, tries[name])
+            if self.fits(memory, tries[name]):
+                return name, memory
+        return None
+
+    def utilization(self, plan: Plan, settings: PlanSettings) -> tuple[float, dict] | None:
+        """The largest rollout share (a multiple of 0.05, below the run's) that fits on ``plan``'s layout with
+        ``settings``, its KV cache holding one sequence; a few re-plans, each aimed at the peak's excess."""
+        gpu = plan.cluster.memory_bytes
+        memory = self.memory(plan, settings)
+        weights = memory["rollout"]["weights"]
+        one_sequence = weights + settings.sequence_length * memory["rollout"]["kv_bytes_per_token"]
+        steps = math.ceil(round(settings.gpu_memory_utilization * UTILIZATION_STEP, 6))  # the run's share, rounded up
+        for _ in range(4):
+            excess = memory["peak_bytes"] + settings.min_headroom_gib * GIB - gpu
+            aim = (settings.gpu_memory_utilization - excess / gpu) * UTILIZATION_STEP
+            steps = min(steps - 1, math.floor(round(aim, 6)))
+            share = steps / UTILIZATION_STEP
+            if steps < 1 or int(share * gpu) < one_sequence:
+                return None
+            lower = replace(settings, gpu_memory_utilization=share)
+            new = self.memory(plan, lower)
+            if self.fits(new, lower):
+                return share, new
+            phase = new["peak_phase"]
+            if new["phases"][phase] == memory["phases"][phase]:
+                return None  # the peak is now a phase the rollout's share is not part of
+            memory, settings = new, lower
+        return None
+
+    def layout_fit(self, options: list[_Option]) -> tuple[_Option, Plan] | None:
+        """The first (smallest) option whose plan fits; more GPUs or tensor ranks only lower the peak, so when the
+        largest valid option does not fit, none does."""
+        if not options:
+            return None
+        last = self.plan(options[-1].layout)
+        if last is not None and not self.fits(last.memory, last.settings):
+            return None
+        for option in options:
+            plan = self.plan(option.layout)
+            if plan is not None and self.fits(plan.memory, plan.settings):
+                return option, plan
+        return None
+
+
+def _with_offload(settings: PlanSettings, name: str) -> PlanSettings:
+    """The settings ``offload=<name>`` gives (recipes.plan.plan_settings reads offload.param / offload.optimizer)."""
+    return replace(settings, param_offload=name in ("param", "full"), optimizer_offload=name in ("optimizer", "full"))
+
+
+def _offload_names(settings: PlanSettings) -> tuple[str, ...]:
+    """The offload options that keep every offload already on and add one."""
+    out = []
+    for name in OFFLOADS:
+        param, optimizer = name in ("param", "full"), name in ("optimizer", "full")
+        if param >= settings.param_offload and optimizer >= settings.optimizer_offload and name != settings.offload:
+            out.append(name)
+    return tuple(out)
+
+
+def _layout_axes(base: Plan, free: bool) -> list[list[_Option]]:
+    """Larger layout.train.tp (Megatron) and more cluster.nnodes, each axis smallest first."""
+    if not free:
+        return []
+    c, t, i = base.cluster, base.train, base.infer
+    axes = []
+    if base.settings.strategy == "megatron":
+        tp = []
+        for factor in FACTORS:
+            size = t.tp * factor
+            if size > c.gpus_per_node or c.world_size % (size * t.pp * t.cp):
+                continue
+            try:
+                train = replace(t, tp=size, dp=-1)
+            except LayoutError:
+                continue
+            tp.append(_Option((f"layout.train.tp={size}",), (c, train, i)))
+        axes.append(tp)
+    nodes = []
+    for factor in FACTORS:
+        try:
+            layout = (replace(c, nnodes=c.nnodes * factor), replace(t, dp=-1), replace(i, dp=-1))
+        except LayoutError:
+            continue
+        nodes.append(_Option((f"cluster.nnodes={c.nnodes * factor}",), layout))
+    axes.append(nodes)
+    return [axis for axis in axes if axis]
+
+
+def suggest(base: Plan, *, layout_free: bool = True, admissible: Admissible | None = None,
+            limit: int = 3) -> list[Suggestion]:
+    """Up to ``limit`` changes that make ``base`` fit, each re-planned: single changes first (offload, lower rollout
+    share, larger train tp, more nodes), then, for the axes no single change fixed, two together. ``layout_free``:
+    dp is derived (``layout_free(cfg)``), so tp and nnodes may change."""
+    search = _Search(base, admissible)
+    settings = base.settings
+    offloads = _offload_names(settings)
+    axes = _layout_axes(base, layout_free)
+    found: list[Suggestion] = []
+
+    def add(overrides, memory):
+        found.append(Suggestion(tuple(overrides), int(memory["peak_bytes"]), str(memory["peak_phase"])))
+
+    # one change
+    single_offload = search.offload(base, offloads)
+    if single_offload:
+        add([f"offload={single_offload[0]}"], single_offload[1])
+    single_share = search.utilization(base, settings)
+    if single_share:
+        add([f"{UTILIZATION_KEY}={single_share[0]:g}"], single_share[1])
+    open_axes = []
+    for axis in axes:
+        hit = search.layout_fit(axis)
+        if hit:
+            add(hit[0].overrides, hit[1].memory)
+        else:
+            open_axes.append(axis)
+    # two changes: offloads milder than one that fits alone; layouts and shares that did not fit alone
+    milder = offloads[:offloads.index(single_offload[0])] if single_offload else offloads
+    for axis in open_axes:
+        if len(found) >= limit:
+            break
+        for option in axis:
+            plan = search.plan(option.layout)
+            hit = search.offload(plan, milder) if plan is not None else None
+            if hit:
+                add([f"offload={hit[0]}", *option.overrides], hit[1])
+                break
+    if not single_share:
+        for name in milder:
+            if len(found) >= limit:
+                break
+            hit = search.utilization(base, _with_offload(settings, name))
+            if hit:
+                add([f"offload={name}", f"{UTILIZATION_KEY}={hit[0]:g}"], hit[1])
+                break
+        for axis in open_axes:
+            if len(found) >= limit:
+                break
+            for option in axis:
+                plan = search.plan(option.layout)
+                hit = search.utilization(plan, plan.settings) if plan is not None else None
+                if hit:
+                    add([*option.overrides, f"{UTILIZATION_KEY}={hit[0]:g}"], hit[1])
+                    break
+    return found[:limit]
