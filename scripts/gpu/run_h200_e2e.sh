@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Both recipes end to end on one CUDA GPU, as a user types them, with a resume from a checkpoint; figures per run.
+#
+#   bash scripts/gpu/run_h200_e2e.sh OUTDIR          # default OUTDIR: runs/gpu_e2e
+#   PARTS="grpo grpo_resume kl_ppo kl_ppo_resume batching qwen05b" bash scripts/gpu/run_h200_e2e.sh OUTDIR
+#   STEPS=20 SAVE=10 EXTRA="key=value ..." bash scripts/gpu/run_h200_e2e.sh OUTDIR
+#
+# Each run is `python -m recipes.<recipe> cluster=h200_141g cluster.gpus_per_node=1 parallel=tp1 rollout=hf
+# model=tiny task=tiny kl=adaptive trainer.total_training_steps=STEPS trainer.save_freq=SAVE`: verl 0.9.1's default
+# (v1) trainer through the pack's stability trainer, Ray started by the recipe, FSDP2 over NCCL, the hf rollout fed
+# through the hybrid_engine resharder. The resumed runs repeat the command with trainer.resume_mode=resume_path and
+# trainer.resume_from_path=<first run>/checkpoints/global_step_SAVE: they continue at step SAVE+1 to STEPS with the
+# KL controller's saved state. Parts:
+#   grpo, grpo_resume, kl_ppo, kl_ppo_resume   the tiny model and task (default PARTS)
+#   batching    GRPO with batching=fixed, then batching=dynamic, same everything else
+#   qwen05b     GRPO with model=qwen2_5_0_5b (random weights of the shipped architecture) for speed
+#
+# Needs one CUDA GPU, torch and transformers. Where Ray, verl and the rest are missing (a GPU machine without
+# internet), scripts/gpu/pack.sh builds them on a CPU machine into .carry/site.tar.xz; copy it beside the checkout and
+# this script unpacks it to $E2E_WORK/site and puts it first on PYTHONPATH.
+#
+# OUTDIR gets: env.txt (GPU, driver, Python and package versions), e2e.log (every run's output), summary.json
+# (the figures of every run, scripts/gpu/e2e_figures.py), runs.tar.gz (each run's metrics.jsonl,
+# resolved_config.yaml, figures JSON, log, kl_control.json of its checkpoints).
+set -u -o pipefail
+OUTDIR=$(mkdir -p "${1:-runs/gpu_e2e}" && cd "${1:-runs/gpu_e2e}" && pwd)
+cd "$(dirname "$0")/../.."
+WORK=${E2E_WORK:-/tmp/klppo_e2e}
+STEPS=${STEPS:-20}
+SAVE=${SAVE:-10}
+PARTS=${PARTS:-grpo grpo_resume kl_ppo kl_ppo_resume}
+RUN_TIMEOUT=${RUN_TIMEOUT:-170}
+PY=${PYTHON:-python3}
+read -r -a EXTRA_ARGS <<<"${EXTRA:-}"
+mkdir -p "$WORK/runs" "$WORK/figures"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HYDRA_FULL_ERROR=1
+export KLPPO_DATA_DIR=${KLPPO_DATA_DIR:-$WORK/data}
+if ! $PY -c "import verl, ray, hydra" 2>/dev/null && [ -f .carry/site.tar.xz ]; then
+  [ -d "$WORK/site/verl" ] || xz -dc -T0 .carry/site.tar.xz | tar -xf - -C "$WORK"
+  export PYTHONPATH=$WORK/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+else
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+fi
+LOG=$OUTDIR/e2e.log
+
+{
+  date -u +%Y-%m-%dT%H:%M:%SZ
+  git rev-parse HEAD 2>/dev/null
+  nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm,clocks.mem,driver_version --format=csv
+  $PY -c "import sys, torch, transformers, ray, verl; print(sys.version.split()[0], 'torch', torch.__version__, \
+'cuda', torch.version.cuda, 'transformers', transformers.__version__, 'ray', ray.__version__, 'verl', verl.__version__)"
+  $PY -c "import flash_attn" 2>&1 | tail -1
+  $PY -m pip list --format=freeze 2>/dev/null
+} >"$OUTDIR/env.txt" 2>&1
+head -6 "$OUTDIR/env.txt"
+
+COMMON=(cluster=h200_141g cluster.gpus_per_node=1 parallel=tp1 rollout=hf model=tiny task=tiny kl=adaptive)
+
+# run NAME RECIPE ARGS...: one recipe run in $WORK/runs/NAME, its figures in $WORK/figures/NAME.json
+run() {
+  local name=$1 recipe=$2; shift 2
+  local dir=$WORK/runs/$name start end rc
+  echo "=== $name: python -m recipes.$recipe $* hydra.run.dir=$dir ===" | tee -a "$LOG"
+  start=$(date +%s.%N)
+  timeout "$RUN_TIMEOUT" $PY -m recipes."$recipe" "$@" "${EXTRA_ARGS[@]}" hydra.run.dir="$dir" >"$WORK/$name.log" 2>&1
+  rc=$?
+  end=$(date +%s.%N)
+  grep -v -E "^\s*$" "$WORK/$name.log" | tail -40 >>"$LOG"
+  echo "=== $name: exit $rc, $(awk "BEGIN{print $end - $start}") s ===" | tee -a "$LOG"
+  mkdir -p "$dir" && cp "$WORK/$name.log" "$dir/run.log"
+  $PY scripts/gpu/e2e_figures.py "$dir" --name "$name" --json "$WORK/figures/$name.json" --log "$WORK/$name.log" \
+    --wall-s "$(awk "BEGIN{print $end - $start}")" 2>&1 | tee -a "$LOG"
+  return $rc
+}
+has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
+base() { echo "${COMMON[@]}" trainer.total_training_steps="$STEPS" trainer.save_freq="$SAVE"; }
+resume_args() {
+  echo trainer.resume_mode=resume_path trainer.resume_from_path="$WORK/runs/$1/checkpoints/global_step_$SAVE"
+}
+
+for recipe in grpo kl_ppo; do
+  if has $recipe; then
+    # shellcheck disable=SC2046
+    run $recipe $recipe $(base)
+  fi
+  if has ${recipe}_resume; then
+    # shellcheck disable=SC2046
+    run ${recipe}_resume $recipe $(base) $(resume_args $recipe)
+  fi
+done
+if has batching; then
+  for mode in fixed dynamic; do
+    # shellcheck disable=SC2046
+    run grpo_batching_$mode grpo $(base) batching=$mode trainer.save_freq=-1
+  done
+fi
+if has qwen05b; then
+  # shellcheck disable=SC2046
+  run grpo_qwen05b grpo $(base | sed 's/model=tiny/model=qwen2_5_0_5b/') trainer.save_freq=-1 ${QWEN_ARGS:-}
+fi
+
+$PY - "$WORK/figures" "$OUTDIR/summary.json" <<'EOF'
+import json, sys
+from pathlib import Path
+runs = {p.stem: json.loads(p.read_text()) for p in sorted(Path(sys.argv[1]).glob("*.json"))}
+for fig in runs.values():
+    fig.pop("per_step", None)
+Path(sys.argv[2]).write_text(json.dumps(runs, indent=1, sort_keys=True))
+EOF
+# every run's record, without the checkpoints' weights
+(cd "$WORK" && tar -czf "$OUTDIR/runs.tar.gz" figures $(cd "$WORK" && find runs -maxdepth 2 \( -name metrics.jsonl -o \
+  -name resolved_config.yaml -o -name run.log -o -name weight_sync.jsonl -o -name bands.json \) ) \
+  $(cd "$WORK" && find runs -path '*checkpoints/global_step_*/kl_control.json') 2>/dev/null)
+ls -la "$OUTDIR"
