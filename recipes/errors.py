@@ -15,6 +15,12 @@ class ConfigError(Exception):
 
 def exit_with(error: ConfigError, code: int = 2) -> None:
     """Print the problems (one line each) to stderr and leave with `code`: no traceback, nothing started."""
+    report(error)
+    sys.exit(code)
+
+
+def report(error: ConfigError) -> None:
+    """Print the problems to stderr: one line, or a count and one line each."""
     count = len(error.problems)
     head = "config error" if count == 1 else f"{count} config errors"
     if count == 1:
@@ -24,4 +30,3 @@ def exit_with(error: ConfigError, code: int = 2) -> None:
         for problem in error.problems:
             print(f"  - {problem}", file=sys.stderr)
     sys.stderr.flush()
-    sys.exit(code)

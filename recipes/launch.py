@@ -30,12 +30,13 @@ from recipes.bundle import write_record
 from recipes.compose import adopt_engine_switch, explain_hydra_error, refuse_shared_parts
 from recipes.confdir import conf_dir, entry_command
 from recipes.defaults import EMBEDDED_DEFAULTS, embedded_defaults, has_accelerator
-from recipes.errors import ConfigError, exit_with
+from recipes.errors import ConfigError, exit_with, report
 from recipes.finalize import finalize
 from recipes.help import SCRIPTS, help_topic, print_help
 from recipes.overrides import has_hydra_flags
 from recipes.ray_jobs import preflight, submit_from_hydra
 from recipes.resolvers import register_resolvers
+from recipes.sweep import job_result
 from recipes.validate import ValidatedRun, check, validate
 
 ACTIONS = ("validate", "plan", "train")
@@ -49,9 +50,10 @@ def run_recipe(recipe: str, argv: list[str] | None = None) -> None:
         sys.exit(print_help(recipe, prog, argv, EMBEDDED_DEFAULTS))
     register_resolvers()
     hydra_argv0 = prog if prog in SCRIPTS.values() else f"recipes.{recipe}"  # shell completion is installed for it
-    if any(arg == "-sc" or arg.startswith("--shell-completion") for arg in argv):
-        # Hydra completes from COMP_LINE: no GPU probe (torch) and no notice in the user's prompt at each <tab>
-        sys.argv = [hydra_argv0] + argv
+    if "--hydra-help" in argv or any(arg == "-sc" or arg.startswith("--shell-completion") for arg in argv):
+        # Hydra's own answers, no GPU probe (torch) and no notice: completion reads COMP_LINE (nothing in the user's
+        # prompt at each <tab>); Hydra's help composes without the recipe, where any group override is an error
+        sys.argv = [hydra_argv0] + (["--hydra-help"] if "--hydra-help" in argv else argv)
         hydra.main(config_path=str(conf_dir()), config_name=recipe, version_base=None)(execute)()
         return
     try:
@@ -144,12 +146,27 @@ def task_config(cfg: DictConfig) -> DictConfig:
     return OmegaConf.masked_copy(cfg, [key for key in cfg.keys() if key != "hydra"])
 
 
-def execute(cfg: DictConfig) -> None:
-    """One job under ``@hydra.main`` (each job of ``-m``): validate, then perform. Config problems exit 2."""
+def execute(cfg: DictConfig) -> dict | None:
+    """One job under ``@hydra.main``: validate, then perform. Config problems exit 2. In a ``-m`` sweep a failing
+    job is reported and the next one runs: the job's outcome is its return value (recipes.sweep sums them up)."""
+    if not (HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN):
+        try:
+            perform(checked_run(cfg))
+        except ConfigError as error:
+            exit_with(error)
+        return None
     try:
         perform(checked_run(cfg))
     except ConfigError as error:
-        exit_with(error)
+        report(error)
+        return job_result("invalid", 2, "; ".join(error.problems))
+    except SystemExit as stop:  # action=plan's exit code, or a failed Ray Job submission
+        code = stop.code if isinstance(stop.code, int) else 1
+        return job_result("ok" if code == 0 else "failed", code)
+    except Exception as error:  # noqa: BLE001 - recorded; the sweep goes on and exits 1 at its end
+        print(f"job failed: {type(error).__name__}: {error}", file=sys.stderr)
+        return job_result("failed", 1, f"{type(error).__name__}: {error}")
+    return job_result("ok", 0)
 
 
 def checked_run(cfg: DictConfig) -> ValidatedRun:

@@ -1,7 +1,10 @@
 """What the user sees while verl trains: one progress line per step read from metrics.jsonl, and a PNG at the end.
 
 verl's `file` logger writes every step's metrics as one JSON line to $VERL_FILE_LOGGER_PATH (the run folder's
-metrics.jsonl). A thread in the driver follows that file and prints `step 3/20 reward ... kl ... entropy ... 2.1 s`.
+metrics.jsonl). A thread in the driver follows that file and prints
+`step 3/20  reward +0.142  kl 0.063 (coef 0.064)  entropy 6.182  1.4 s`: the KL is the one the KL band reads (the
+loss-side KL for GRPO, the in-reward KL for KL-PPO), with the coefficient that weighs it; a step whose PPO updates
+the KL guard stopped says so.
 """
 
 from __future__ import annotations
@@ -12,7 +15,11 @@ import time
 from pathlib import Path
 
 REWARD_KEYS = ("critic/score/mean", "critic/rewards/mean")
-KL_KEYS = ("actor/kl_loss", "critic/kl", "actor/ppo_kl")
+# the KL to the reference policy: loss-side (GRPO, use_kl_loss) or in-reward (KL-PPO, use_kl_in_reward); the default
+# of the kl_mean band's keys (conf/monitor/default.yaml), which the recipes pass in
+KL_KEYS = ("actor/kl_loss", "actor/reward_kl_penalty")
+# the coefficient on that KL: the pack's loss-side controller, or verl's in-reward controller
+KL_COEF_KEYS = ("kl_control/loss_coef", "actor/reward_kl_penalty_coeff", "actor/kl_coef")
 ENTROPY_KEYS = ("actor/entropy",)
 STEP_TIME_KEYS = ("timing_s/step",)
 
@@ -38,24 +45,31 @@ def read_metrics(path: Path) -> list[tuple[int, dict]]:
     return rows
 
 
-def progress_line(step: int, total: int | None, metrics: dict) -> str:
+def progress_line(step: int, total: int | None, metrics: dict, kl_keys: tuple[str, ...] = KL_KEYS) -> str:
     parts = [f"step {step}/{total}" if total else f"step {step}"]
-    for label, keys, fmt in (("reward", REWARD_KEYS, "{:+.3f}"), ("kl", KL_KEYS, "{:.4f}"),
-                             ("entropy", ENTROPY_KEYS, "{:.3f}")):
-        value = first(metrics, keys)
-        if value is not None:
-            parts.append(f"{label} {fmt.format(value)}")
+    reward, kl, coef = first(metrics, REWARD_KEYS), first(metrics, kl_keys), first(metrics, KL_COEF_KEYS)
+    if reward is not None:
+        parts.append(f"reward {reward:+.3f}")
+    if kl is not None:
+        parts.append(f"kl {kl:.4f}" + (f" (coef {coef:.4g})" if coef is not None else ""))
+    entropy = first(metrics, ENTROPY_KEYS)
+    if entropy is not None:
+        parts.append(f"entropy {entropy:.3f}")
     seconds = first(metrics, STEP_TIME_KEYS)
     if seconds is not None:
         parts.append(f"{seconds:.1f} s")
+    if metrics.get("guard/stopped"):
+        parts.append(f"guard: KL {metrics.get('guard/kl', 0):.3g} stopped the updates after "
+                     f"{metrics.get('guard/updates', 0):g} of {metrics.get('guard/planned', 0):g}")
     return "  ".join(parts)
 
 
 class ProgressPrinter:
     """Follows metrics.jsonl in a background thread and prints one line per new step."""
 
-    def __init__(self, path: Path, total_steps: int | None, interval: float = 0.5, out=print):
-        self.path, self.total, self.interval, self.out = path, total_steps, interval, out
+    def __init__(self, path: Path, total_steps: int | None, interval: float = 0.5, out=print,
+                 kl_keys: tuple[str, ...] = KL_KEYS):
+        self.path, self.total, self.interval, self.out, self.kl_keys = path, total_steps, interval, out, kl_keys
         self._seen = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -72,7 +86,7 @@ class ProgressPrinter:
     def _flush(self):
         rows = read_metrics(self.path)
         for step, metrics in rows[self._seen:]:
-            self.out(progress_line(step, self.total, metrics))
+            self.out(progress_line(step, self.total, metrics, self.kl_keys))
         self._seen = len(rows)
 
     def _run(self):
@@ -81,8 +95,10 @@ class ProgressPrinter:
             time.sleep(self.interval)
 
 
-def plot_metrics(metrics_path: Path, png_path: Path, title: str = "") -> Path | None:
-    """reward, KL and entropy per step side by side; None when there is nothing to draw."""
+def plot_metrics(metrics_path: Path, png_path: Path, title: str = "", kl_keys: tuple[str, ...] = KL_KEYS,
+                 kl_band: tuple[float | None, float | None] = (None, None)) -> Path | None:
+    """Reward, the KL to the reference with its band and the controller's target, entropy, and the KL coefficient,
+    per step; each axis names the metric it draws. None when there is nothing to draw."""
     rows = read_metrics(metrics_path)
     if not rows:
         return None
@@ -91,18 +107,39 @@ def plot_metrics(metrics_path: Path, png_path: Path, title: str = "") -> Path | 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # lazy: must follow matplotlib.use("Agg") (no display on a training node)
 
-    panels = [("reward", REWARD_KEYS), ("KL", KL_KEYS), ("entropy", ENTROPY_KEYS)]
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
+    panels = [("reward", REWARD_KEYS), ("KL to the reference", kl_keys), ("entropy", ENTROPY_KEYS),
+              ("KL coefficient", KL_COEF_KEYS)]
+    fig, axes = plt.subplots(1, 4, figsize=(15, 3.4))
     for ax, (label, keys) in zip(axes, panels, strict=True):
         points = [(step, first(m, keys)) for step, m in rows if first(m, keys) is not None]
+        used = next((k for k in keys if any(k in m for _, m in rows)), keys[0])
         if points:
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3)
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, label=used)
         ax.set_title(label)
         ax.set_xlabel("step")
+        ax.set_ylabel(used, fontsize=8)
         ax.grid(alpha=0.3)
+    _draw_kl_band(axes[1], rows, kl_band)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(png_path, dpi=110)
     plt.close(fig)
     return png_path
+
+
+def _draw_kl_band(ax, rows: list[tuple[int, dict]], band: tuple[float | None, float | None]) -> None:
+    low, high = band
+    if low is not None or high is not None:
+        top = high if high is not None else ax.get_ylim()[1]
+        ax.axhspan(low or 0.0, top, color="tab:green", alpha=0.12, label=_band_label(low, high))
+    targets = [(step, m["kl_control/target"]) for step, m in rows if m.get("kl_control/target") is not None]
+    if targets:
+        ax.plot([t[0] for t in targets], [t[1] for t in targets], linestyle="--", color="tab:red", label="target")
+    ax.legend(fontsize=7, loc="upper left")
+
+
+def _band_label(low: float | None, high: float | None) -> str:
+    if low is not None and high is not None:
+        return f"band {low:g} .. {high:g}"
+    return f"band <= {high:g}" if high is not None else f"band >= {low:g}"

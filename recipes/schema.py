@@ -367,6 +367,9 @@ class Run(_Checked):
     """root of all run folders, relative to the launch folder"""
     dir: str
     """this run's folder (Hydra's output folder)"""
+    verbose: bool = False
+    """show verl's and Ray's own output on the terminal while training (it always goes to the run folder's
+    verl.log)"""
     allow_overcommit: bool = False
     """go on when the planned peak memory per GPU exceeds cluster.gpu.memory_gib: a warning instead of the error
     (recipes.fit; the planner's memory model is an estimate, for experts who know better)"""

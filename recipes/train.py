@@ -1,24 +1,29 @@
 """action=train: hand the finalized config to verl 0.9.1's own trainer (its default v1 path), unchanged.
 
 Before verl starts: the pinned-verl check, the tiny assets (embedded default), the driver's own trackers pointed at
-the run folder. While it runs: one progress line per step. After: reward / KL / entropy per step as a PNG beside the
-metrics.
+the run folder. While it runs: one progress line per step on the terminal; verl's and Ray's own output in
+``verl.log`` in the run folder (``run.verbose=true`` also shows it live). After: reward / KL / entropy per step as a
+PNG beside the metrics, and Ray shut down, so the next run of a sweep in this process starts clean.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from recipes.console import LOG_NAME, verl_output_to_log
 from recipes.finalize import FinalRun
-from recipes.monitor import REWARD_KEYS, ProgressPrinter, first, plot_metrics, read_metrics
+from recipes.monitor import KL_KEYS, REWARD_KEYS, ProgressPrinter, first, plot_metrics, read_metrics
 from recipes.verl_ext import api as verl
 from recipes.verl_ext.demo import ensure_tiny_assets
 from recipes.verl_ext.plugin.patches import require_supported_verl
 from recipes.verl_ext.plugin.weight_sync import read_sync_log
 from recipes.verl_ext.stability import supervise
+from recipes.verl_ext.stability.bands import bands_from_config
 
 
 def run_training(final: FinalRun) -> None:
@@ -26,16 +31,54 @@ def run_training(final: FinalRun) -> None:
     cfg = final.cfg
     if cfg.model.name == "tiny" or cfg.task.get("name") == "tiny":
         ensure_tiny_assets()
-    for key, value in final.env.items():
-        os.environ.setdefault(key, value)  # the driver's own trackers (and Ray's local workers) see them too
+    # the driver's own trackers (and Ray's local workers) see the run's env too; the next job of a sweep run in
+    # this process gets its own
+    with job_environ(final.env):
+        train_and_summarize(final)
+
+
+@contextlib.contextmanager
+def job_environ(env: dict[str, str]):
+    """``env`` set where this process has no value of its own, for the block; the environment restored after."""
+    saved = dict(os.environ)
+    for key, value in env.items():
+        os.environ.setdefault(key, value)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def train_and_summarize(final: FinalRun) -> None:
+    """verl's trainer under the pack's monitors, its output in the run folder's log; the end-of-run summary."""
+    cfg = final.cfg
     run_dir = final.run_dir
     metrics_path = run_dir / "metrics.jsonl"
     total = OmegaConf.select(cfg, "trainer.total_training_steps")
-    print(f"training: {cfg.run.name} in {run_dir} (metrics.jsonl, checkpoints/, curves.png)", flush=True)
-    with ProgressPrinter(metrics_path, total):
-        # monitoring bands; under stability=auto the rollback supervisor (recipes/verl_ext/stability)
-        supervise(writable(cfg), run_dir, run_verl, metrics_path)
-    summarize(metrics_path, run_dir, title=f"{cfg.run.name}: {cfg.model.name}, {cfg.strategy.name}")
+    verbose = bool(OmegaConf.select(cfg, "run.verbose", default=False))
+    print(f"training: {cfg.run.name} in {run_dir} (metrics.jsonl, checkpoints/, curves.png; verl's output in "
+          f"{LOG_NAME})", flush=True)
+    kl_band = next((b for b in bands_from_config(cfg) if b.name == "kl_mean"), None)
+    kl_keys = kl_band.keys if kl_band is not None else KL_KEYS
+    try:
+        with verl_output_to_log(run_dir / LOG_NAME, verbose) as term:
+            with ProgressPrinter(metrics_path, total, out=term.say, kl_keys=kl_keys):
+                # monitoring bands; under stability=auto the rollback supervisor (recipes/verl_ext/stability)
+                supervise(writable(cfg), run_dir, run_verl, metrics_path, out=term.say)
+    except Exception:
+        if not verbose:  # what verl said last is in the log, not on the terminal
+            print(f"training failed; the last lines of {run_dir / LOG_NAME}:\n{log_tail(run_dir / LOG_NAME)}",
+                  file=sys.stderr)
+        raise
+    summarize(metrics_path, run_dir, title=f"{cfg.run.name}: {cfg.model.name}, {cfg.strategy.name}",
+              kl_keys=kl_keys, kl_band=(kl_band.low, kl_band.high) if kl_band is not None else (None, None))
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    """The last ``lines`` lines of a log, indented."""
+    text = path.read_text(errors="replace") if path.is_file() else ""
+    return "\n".join(f"  {line}" for line in text.splitlines()[-lines:])
 
 
 def writable(cfg: DictConfig) -> DictConfig:
@@ -45,12 +88,16 @@ def writable(cfg: DictConfig) -> DictConfig:
 
 def run_verl(cfg: DictConfig) -> None:
     """verl's own trainer on the config (module level: the rollback supervisor runs it in a child process)."""
-    verl.run_ppo(cfg)
+    try:
+        verl.run_ppo(cfg)
+    finally:
+        verl.shutdown_ray()
 
 
-def summarize(metrics_path: Path, run_dir: Path, title: str = "") -> None:
+def summarize(metrics_path: Path, run_dir: Path, title: str = "", kl_keys: tuple[str, ...] = KL_KEYS,
+              kl_band: tuple[float | None, float | None] = (None, None)) -> None:
     rows = read_metrics(metrics_path)
-    png = plot_metrics(metrics_path, run_dir / "curves.png", title=title)
+    png = plot_metrics(metrics_path, run_dir / "curves.png", title=title, kl_keys=kl_keys, kl_band=kl_band)
     rewards = [first(m, REWARD_KEYS) for _, m in rows]
     rewards = [r for r in rewards if r is not None]
     if len(rewards) >= 4:

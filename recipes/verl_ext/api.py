@@ -101,6 +101,14 @@ def ppo_ray_runtime_env(cfg) -> dict:
     return dict(get_ppo_ray_runtime_env(cfg))
 
 
+def shutdown_ray() -> None:
+    """End this process's Ray session (verl's run_ppo leaves it up): the next run in this process starts clean."""
+    import ray  # lazy: only a training run has started Ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
 def run_ppo(cfg, task_runner_class=None) -> None:
     """verl's ``run_ppo`` with its v1 task runner (``trainer.use_v1``) or the legacy one; or a given runner class."""
     from verl.trainer.main_ppo import TaskRunnerV1  # lazy: import verl costs seconds

@@ -169,7 +169,8 @@ class BandTally:
 
 
 class BandMonitor:
-    """Follows metrics.jsonl in a driver thread: one warning line per violation; the summary table at exit."""
+    """Follows metrics.jsonl in a driver thread: a warning line for the first violation of each band and side (the
+    later ones are counted, not printed); the summary table at exit."""
 
     def __init__(self, metrics_path: Path, bands: list[Band], run_dir: Path, interval: float = 0.5, out=print):
         self.path, self.run_dir, self.interval, self.out = Path(metrics_path), Path(run_dir), interval, out
@@ -197,8 +198,9 @@ class BandMonitor:
         for step, metrics in rows[self._seen:]:
             for v in self.tally.add(step, metrics):
                 stats = self.tally.stats[v.band]
-                self.out(f"band warning: step {step} {v.describe()} (band {stats.band.describe_range()}, "
-                         f"{len(stats.violations)} so far)")
+                if sum(1 for seen in stats.violations if seen.side == v.side) == 1:
+                    self.out(f"band warning: step {step} {v.describe()} (band {stats.band.describe_range()}; "
+                             f"later steps outside it are counted in the summary)")
         self._seen = len(rows)
 
     def _run(self):

@@ -1,0 +1,117 @@
+"""The end of a local ``-m`` sweep: one table of every job and ``sweep_results.json`` in the sweep folder.
+
+Hydra's basic launcher runs the jobs one after another in this process. Each job reports what became of it as its
+return value (``recipes.launch.execute``: a failing job is reported and the next one runs); :class:`SweepSummary`, a
+Hydra callback named in conf/_base.yaml, collects those, reads each run's final reward and KL from its
+metrics.jsonl, prints the table and writes the record. The sweep exits 1 when any job did not succeed. Sweeps on a
+Ray cluster (``launcher=ray``) print and write their own (hydra_plugins/klppo_launcher).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from recipes.monitor import KL_KEYS, REWARD_KEYS, first, read_metrics
+from recipes.ray_jobs import SWEEP_RECORD, distinguishing
+
+
+@dataclass
+class JobOutcome:
+    """What one job of a local sweep became."""
+
+    num: int
+    overrides: list[str]
+    run_dir: str
+    status: str
+    """ok | invalid (a config error) | failed"""
+    exit_code: int
+    reward: float | None = None
+    """the last step's mean reward (metrics.jsonl), None when the job trained no step"""
+    kl: float | None = None
+    """the last step's KL to the reference (the KL band's metric)"""
+    message: str | None = None
+
+
+def job_result(status: str, exit_code: int, message: str | None = None) -> dict:
+    """The return value of one job (``recipes.launch.execute``), read back by :class:`SweepSummary`."""
+    return {"status": status, "exit_code": exit_code, "message": message}
+
+
+def final_metrics(run_dir: Path, kl_keys: tuple[str, ...] = KL_KEYS) -> tuple[float | None, float | None]:
+    """(reward, KL) of the last step in ``run_dir/metrics.jsonl``; (None, None) without one."""
+    rows = read_metrics(Path(run_dir) / "metrics.jsonl")
+    if not rows:
+        return None, None
+    last = rows[-1][1]
+    return first(last, REWARD_KEYS), first(last, kl_keys)
+
+
+def outcome(num: int, overrides: list[str], run_dir: str, job_return: JobReturn) -> JobOutcome:
+    """A job's outcome from its Hydra JobReturn (its return value when it returned one, else its status)."""
+    value: Any = job_return._return_value if job_return.status == JobStatus.COMPLETED else None
+    if isinstance(value, dict) and "status" in value:
+        result = dict(value)
+    elif job_return.status == JobStatus.COMPLETED:
+        result = job_result("ok", 0)
+    else:
+        result = job_result("failed", 1, f"{type(job_return._return_value).__name__}: {job_return._return_value}")
+    reward, kl = final_metrics(Path(run_dir))
+    return JobOutcome(num=num, overrides=overrides, run_dir=run_dir, reward=reward, kl=kl, **result)
+
+
+def table(outcomes: list[JobOutcome]) -> str:
+    """One line per job: status, exit code, final reward and KL, run folder, and the overrides that set it apart."""
+    shown = distinguishing([o.overrides for o in outcomes]) if len(outcomes) > 1 else [o.overrides for o in outcomes]
+    lines = [f"{'#':>3}  {'status':<8} {'exit':>4} {'reward':>8} {'kl':>8}  run folder  (overrides)"]
+    for o, label in zip(outcomes, shown, strict=True):
+        reward = "" if o.reward is None else f"{o.reward:+.3f}"
+        kl = "" if o.kl is None else f"{o.kl:.4f}"
+        lines.append(f"{o.num:>3}  {o.status:<8} {o.exit_code:>4} {reward:>8} {kl:>8}  {o.run_dir}  "
+                     f"({' '.join(label)})")
+        if o.message and o.status != "ok":
+            lines.append(f"{'':>5}{o.message.splitlines()[0][:200]}")
+    return "\n".join(lines)
+
+
+def write_record(sweep_dir: Path, outcomes: list[JobOutcome]) -> Path:
+    path = Path(sweep_dir) / SWEEP_RECORD
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"jobs": [asdict(o) for o in outcomes]}, indent=2) + "\n")
+    return path
+
+
+class SweepSummary(Callback):
+    """Hydra callback: collects each job's outcome; at the end of a local sweep prints the table, writes
+    ``sweep_results.json`` and exits 1 if a job did not succeed."""
+
+    def __init__(self) -> None:
+        self.outcomes: list[JobOutcome] = []
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        if not _local_sweep(config):
+            return
+        run_dir = str(OmegaConf.select(config, "hydra.runtime.output_dir"))
+        num = int(OmegaConf.select(config, "hydra.job.num", default=len(self.outcomes)))
+        self.outcomes.append(outcome(num, list(job_return.overrides or []), run_dir, job_return))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if not _local_sweep(config) or not self.outcomes:
+            return
+        path = write_record(Path(self.outcomes[0].run_dir).parent, self.outcomes)  # the sweep folder
+        print(f"sweep: {sum(o.status == 'ok' for o in self.outcomes)} of {len(self.outcomes)} jobs ok "
+              f"({path})\n{table(self.outcomes)}", flush=True)
+        if any(o.status != "ok" for o in self.outcomes):
+            sys.exit(1)
+
+
+def _local_sweep(config: DictConfig) -> bool:
+    target = str(OmegaConf.select(config, "hydra.launcher._target_", default=""))
+    return target.endswith("BasicLauncher")

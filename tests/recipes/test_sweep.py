@@ -1,0 +1,45 @@
+"""A local -m sweep runs every job, a failing one included, and ends with a summary and sweep_results.json."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+def _record(tmp_path, recipe: str = "grpo") -> dict:
+    records = sorted((tmp_path / "runs" / recipe).glob("multirun-*/sweep_results.json"))
+    assert len(records) == 1, records
+    return json.loads(records[0].read_text())
+
+
+def test_a_bad_job_is_reported_and_the_next_one_runs(tmp_path, recipe_cli):
+    proc = recipe_cli("grpo", "-m", "actor_rollout_ref.rollout.n=0,2", "action=validate", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "config error: actor_rollout_ref.rollout.n: must be a positive integer, got 0" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    jobs = _record(tmp_path)["jobs"]
+    assert [(j["num"], j["status"], j["exit_code"]) for j in jobs] == [(0, "invalid", 2), (1, "ok", 0)]
+    assert (tmp_path / jobs[1]["run_dir"] / "resolved_config.yaml").is_file()
+    assert "sweep: 1 of 2 jobs ok" in proc.stdout
+    rows = proc.stdout.split("sweep: 1 of 2 jobs ok")[1].splitlines()[2:]
+    assert rows[0].split()[:3] == ["0", "invalid", "2"] and "actor_rollout_ref.rollout.n=0" in rows[0]
+    assert any(r.split()[:3] == ["1", "ok", "0"] and "actor_rollout_ref.rollout.n=2" in r for r in rows)
+
+
+@pytest.mark.e2e
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_local_training_sweep_finishes_every_job(tmp_path, recipe_cli):
+    """Ray is shut down and the environment restored between jobs of one process: the second job trains too."""
+    proc = recipe_cli("grpo", "-m", "kl=fixed,adaptive", "trainer.total_training_steps=2", "trainer.save_freq=-1",
+                      cwd=tmp_path, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    jobs = _record(tmp_path)["jobs"]
+    assert [(j["status"], j["exit_code"]) for j in jobs] == [("ok", 0), ("ok", 0)]
+    for job in jobs:
+        rows = (tmp_path / job["run_dir"] / "metrics.jsonl").read_text().splitlines()
+        last = json.loads(rows[-1])
+        assert len(rows) == 2 and last["data"]["critic/score/mean"] == pytest.approx(job["reward"])
+        assert job["kl"] == pytest.approx(last["data"]["actor/kl_loss"])
+    assert "sweep: 2 of 2 jobs ok" in proc.stdout
