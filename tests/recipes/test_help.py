@@ -212,3 +212,11 @@ def test_bash_accepts_the_completion_script_and_it_completes(tmp_path):
     replies = {line[len("reply:"):] for line in proc.stdout.splitlines() if line.startswith("reply:")}
     assert replies == {f"parallel={option}" for option in group_options("parallel") if option.startswith("tp8")}
     assert proc.stderr == ""  # nothing lands in the user's prompt while completing
+
+
+def test_hydra_help_still_answers(tmp_path, recipe_cli):
+    # Hydra composes its own help without the recipe: the embedded CPU default's group overrides must not reach it
+    proc = recipe_cli("grpo", "--hydra-help", "parallel=tp4", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("Hydra (")
+    assert "--shell-completion" in proc.stdout
