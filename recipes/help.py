@@ -2,13 +2,14 @@
 options (one line each, from each option file's header comment), example commands, and where to look further.
 
 Pure and fast: it reads conf/ with plain file reads and PyYAML (no Hydra compose, no OmegaConf, no verl, no torch),
-so ``--help`` answers before anything heavy is imported (recipes/launch.py asks it first).
+and ``run_recipe`` (recipes/launch.py) asks it first: ``--help`` answers before torch is imported (the GPU probe) and
+without composing anything.
 
 The header comment of a conf file is its leading comment block: the lines before the first line that is not a comment,
-less Hydra's ``# @package`` directive. Its *description* is the first paragraph of that block without the example
-command lines (``python ...``), joined into one line; an option's *summary*, its line in ``--help``, is the
-description's first sentence. ``--help <group>`` (``--help models``, ``--help experiments``) lists one group with each
-option's whole description.
+less Hydra's ``# @package`` directive. Its *description* is the first paragraph of that block (ended by a blank
+comment line or an example command, ``python ...``; a command before it is skipped), joined into one line; an
+option's *summary*, its line in ``--help``, is the description's first sentence. ``--help <group>`` (``--help models``,
+``--help experiments``) lists one group with each option's whole description.
 """
 
 from __future__ import annotations
