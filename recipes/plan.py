@@ -28,15 +28,31 @@ def cluster_spec(cfg: DictConfig) -> ClusterSpec:
     )
 
 
+ENGINE_SECTIONS = {"fsdp": "fsdp_config", "fsdp2": "fsdp_config", "megatron": "megatron", "veomni": "veomni"}
+"""the actor's engine section of each strategy, where verl reads param_offload / optimizer_offload"""
+
+
+def offload_keys(strategy: str) -> tuple[str, str] | None:
+    """verl's keys of the actor's parameter and optimizer offload under ``strategy`` (offload/ fills them)."""
+    section = ENGINE_SECTIONS.get(str(strategy))
+    if section is None:
+        return None
+    return tuple(f"actor_rollout_ref.actor.{section}.{name}_offload" for name in ("param", "optimizer"))
+
+
 def plan_settings(cfg: DictConfig, has_critic: bool, has_ref: bool) -> PlanSettings:
-    """The planner's inputs, read from the verl keys of the run's config and the roles verl gives it."""
+    """The planner's inputs, read from the verl keys of the run's config and the roles verl gives it (offload from
+    the actor's engine keys, which offload/ fills: a verl example that types them is planned as it runs)."""
     sel = lambda key, default=None: OmegaConf.select(cfg, key, default=default)  # noqa: E731
     actor = "actor_rollout_ref.actor"
     offload = load_section(Offload, cfg.get("offload"), "offload")
+    keys = offload_keys(cfg.strategy.name)
+    param, optimizer = (bool(sel(keys[0], offload.param)), bool(sel(keys[1], offload.optimizer))) if keys else (
+        offload.param, offload.optimizer)
     return PlanSettings(
         strategy=str(cfg.strategy.name),
-        param_offload=offload.param,
-        optimizer_offload=offload.optimizer,
+        param_offload=param,
+        optimizer_offload=optimizer,
         dtype="bfloat16",
         max_prompt_length=int(sel("data.max_prompt_length")),
         max_response_length=int(sel("data.max_response_length")),
