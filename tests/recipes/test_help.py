@@ -4,6 +4,7 @@ validate, ``--help <group>``; and the console scripts, whose bash completion scr
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 import shutil
@@ -148,7 +149,7 @@ def test_each_example_command_validates(helps, recipe, index, tmp_path, recipe_c
     args = as_validation(commands[index])
     proc = recipe_cli(recipe, *args, cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, f"{shlex.join(args)}:\n{proc.stderr[-3000:]}"
-    jobs = 2 if "-m" in args else 1  # the sweep example: kl=fixed,adaptive
+    jobs = math.prod(len(arg.split("=", 1)[1].split(",")) for arg in args if "=" in arg) if "-m" in args else 1
     assert proc.stdout.count("config OK:") == jobs, proc.stdout
     assert len(list(tmp_path.glob("runs/**/resolved_config.yaml"))) == jobs
 
