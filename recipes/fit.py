@@ -40,7 +40,7 @@ from hybrid_engine.plan import ClusterSpec, Plan, PlanSettings, build_plan
 from hybrid_engine.plan.memory import estimate_memory
 from hybrid_engine.plan.render import gib_text
 from hybrid_engine.plan.settings import GIB
-from recipes.plan import cluster_spec, plan_settings
+from recipes.plan import cluster_spec, offload_keys, plan_settings
 from recipes.schema import SchemaError
 
 __all__ = ["Suggestion", "check_memory", "memory_plan", "overcommitted", "suggest"]
@@ -106,6 +106,28 @@ def layout_free(cfg: DictConfig) -> bool:
     return True
 
 
+def offload_overrides(cfg: DictConfig, settings: PlanSettings) -> Callable[[str], tuple[str, ...]]:
+    """How ``offload=<name>`` is typed for this run: the group, or, where the actor's verl offload keys were typed
+    (a verl example's ``fsdp_config.param_offload=False`` outranks the group), those keys themselves."""
+    keys = offload_keys(settings.strategy)
+    if keys is None or all(_is_interpolation(cfg, key) for key in keys):
+        return lambda name: (f"offload={name}",)
+
+    def verl_keys(name: str) -> tuple[str, ...]:
+        wanted = _with_offload(settings, name)
+        return tuple(f"{key}=true" for key, now, new in ((keys[0], settings.param_offload, wanted.param_offload),
+                                                         (keys[1], settings.optimizer_offload, wanted.optimizer_offload))
+                     if new and not now)
+
+    return verl_keys
+
+
+def _is_interpolation(cfg: DictConfig, key: str) -> bool:
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(cfg, parent, default=None)
+    return isinstance(node, DictConfig) and leaf in node and OmegaConf.is_interpolation(node, leaf)
+
+
 def check_memory(cfg: DictConfig, train: TrainLayout | None, infer: InferLayout | None, arch: ModelArch | None, *,
                  use_critic: bool, use_ref: bool, allow_overcommit: bool, admissible: Admissible | None,
                  problems: list[str], warnings: list[str]) -> None:
@@ -119,7 +141,8 @@ def check_memory(cfg: DictConfig, train: TrainLayout | None, infer: InferLayout 
     if allow_overcommit:
         warnings.append(f"{head}; run.allow_overcommit=true: going on (it may run out of GPU memory)")
         return
-    found = suggest(plan, layout_free=layout_free(cfg), admissible=admissible)
+    found = suggest(plan, layout_free=layout_free(cfg), admissible=admissible,
+                    offload_overrides=offload_overrides(cfg, plan.settings))
     if found:
         lines = [f"{head}; these fit when re-planned (add to the command line):"]
         lines += [f"    {s.line()}" for s in found]
@@ -283,11 +306,13 @@ def _layout_axes(base: Plan, free: bool) -> list[list[_Option]]:
     return [axis for axis in axes if axis]
 
 
-def suggest(base: Plan, *, layout_free: bool = True, admissible: Admissible | None = None,
-            limit: int = 3) -> list[Suggestion]:
+def suggest(base: Plan, *, layout_free: bool = True, admissible: Admissible | None = None, limit: int = 3,
+            offload_overrides: Callable[[str], tuple[str, ...]] | None = None) -> list[Suggestion]:
     """Up to ``limit`` changes that make ``base`` fit, each re-planned: single changes first (offload, lower rollout
     share, larger train tp, more nodes), then, for the axes no single change fixed, two together. ``layout_free``:
-    dp is derived (``layout_free(cfg)``), so tp and nnodes may change."""
+    dp is derived (``layout_free(cfg)``), so tp and nnodes may change; ``offload_overrides(name)``: how an offload
+    is typed (default ``offload=<name>``)."""
+    typed = offload_overrides or (lambda name: (f"offload={name}",))
     search = _Search(base, admissible)
     settings = base.settings
     offloads = _offload_names(settings)
@@ -300,7 +325,7 @@ def suggest(base: Plan, *, layout_free: bool = True, admissible: Admissible | No
     # one change
     single_offload = search.offload(base, offloads)
     if single_offload:
-        add([f"offload={single_offload[0]}"], single_offload[1])
+        add(typed(single_offload[0]), single_offload[1])
     single_share = search.utilization(base, settings)
     if single_share:
         add([f"{UTILIZATION_KEY}={single_share[0]:g}"], single_share[1])
@@ -320,7 +345,7 @@ def suggest(base: Plan, *, layout_free: bool = True, admissible: Admissible | No
             plan = search.plan(option.layout)
             hit = search.offload(plan, milder) if plan is not None else None
             if hit:
-                add([f"offload={hit[0]}", *option.overrides], hit[1])
+                add([*typed(hit[0]), *option.overrides], hit[1])
                 break
     if not single_share:
         for name in milder:
@@ -328,7 +353,7 @@ def suggest(base: Plan, *, layout_free: bool = True, admissible: Admissible | No
                 break
             hit = search.utilization(base, _with_offload(settings, name))
             if hit:
-                add([f"offload={name}", f"{UTILIZATION_KEY}={hit[0]:g}"], hit[1])
+                add([*typed(name), f"{UTILIZATION_KEY}={hit[0]:g}"], hit[1])
                 break
         for axis in open_axes:
             if len(found) >= limit:
