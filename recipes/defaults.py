@@ -14,7 +14,9 @@ from recipes.layout_keys import LAYOUT_FED_KEYS
 from recipes.overrides import chosen_keys, override_key
 
 # Groups that make the embedded CPU default; each is added only when the user did not choose it.
-EMBEDDED_DEFAULTS = {"parallel": "cpu", "cluster": "cpu", "rollout": "hf", "model": "tiny", "task": "tiny"}
+EMBEDDED_DEFAULTS = {"parallel": "cpu", "cluster": "cpu", "rollout": "hf", "model": "tiny", "task": "tiny",
+                     # the demo's KL story: a target that rises with learning, the controller following it
+                     "kl": "ramp"}
 # Choosing any of these groups means "I describe a GPU cluster": then nothing is added.
 GPU_INTENT = ("parallel", "cluster", "experiment")
 # verl's own layout keys (trainer.n_gpus_per_node, trainer.nnodes, rollout and Megatron parallel sizes, Ulysses

@@ -261,8 +261,9 @@ class Batching(_Checked):
 class Band(_Checked):
     """``monitor.bands.<name>``: one monitoring band over a step's metrics."""
 
-    keys: list[str]
-    """metric names: the first present one is the value; with ``of``: their sum divided by ``of``"""
+    keys: list[str] = field(default_factory=list)
+    """metric names: the first present one is the value; with ``of``: their sum divided by ``of``. Needed when the
+    monitor is on; a band with none (a bound a task or cluster option sets under monitor=off) is never judged"""
     low: float | None = None
     """lower edge, in the metric's unit; None: no lower edge"""
     high: float | None = None
@@ -283,6 +284,14 @@ class Monitor(_Checked):
     """evaluate the bands (driver and trainer); False: no band warnings, no bands.txt"""
     bands: dict[str, Band] = field(default_factory=dict)
     """band name -> band"""
+
+    def __post_init__(self):
+        _Checked.__post_init__(self)
+        if self.enabled:
+            unnamed = [(f"bands.{name}.keys", "missing: name the metrics this band judges")
+                       for name, band in self.bands.items() if not band.keys]
+            if unnamed:
+                raise SchemaError(unnamed)
 
 
 Degradation = Literal["forward_prefetch_off", "batch_minus_20", "offload_on"]

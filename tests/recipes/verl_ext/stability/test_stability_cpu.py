@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.slow]
 
@@ -53,7 +54,8 @@ def guard_run(recipe_cli, tmp_path_factory) -> Run:
 
 @pytest.fixture(scope="module")
 def rollback_run(recipe_cli, tmp_path_factory) -> Run:
-    return train(recipe_cli, tmp_path_factory.mktemp("rollback"), "stability=auto", "kl=ramp", "kl.ramp.steps=4",
+    return train(recipe_cli, tmp_path_factory.mktemp("rollback"), "stability=auto", "kl=ramp", "kl.ramp.start=0.1",
+                 "kl.ramp.end=0.3", "kl.ramp.steps=4",
                  "overlap=prefetch", "stability.inject.nan_at_step=3", f"+trainer.wandb_key={PLANTED}", steps=4,
                  save_freq=2)
 
@@ -88,8 +90,10 @@ def test_adaptive_coefficient_follows_the_rule(guard_run):
     from recipes.verl_ext.stability.kl_control import proportional_update
 
     first, second = guard_run.at(1), guard_run.at(2)
-    assert first["kl_control/loss_coef"] == 0.001 and first["kl_control/target"] == 0.1
-    expected = proportional_update(0.001, first["actor/kl_loss"], 0.1, 8 * 5, 10000.0)
+    cfg = yaml.safe_load((guard_run.run_dir / "resolved_config.yaml").read_text())
+    init, target = cfg["actor_rollout_ref"]["actor"]["kl_loss_coef"], cfg["kl"]["target"]
+    assert first["kl_control/loss_coef"] == init and first["kl_control/target"] == target
+    expected = proportional_update(init, first["actor/kl_loss"], target, 8 * 5, cfg["algorithm"]["kl_ctrl"]["horizon"])
     assert first["kl_control/next_loss_coef"] == pytest.approx(expected, rel=1e-12)
     assert second["kl_control/loss_coef"] == first["kl_control/next_loss_coef"]
     assert second["actor/kl_coef"] == pytest.approx(second["kl_control/loss_coef"])  # the worker used it
