@@ -85,7 +85,7 @@ def test_real_process_bad_layout(tmp_path, recipe_cli):
     assert not (tmp_path / "runs").exists()
 
 
-def test_real_process_seed_layout_validates(tmp_path, recipe_cli):
+def test_real_process_article_layout_validates(tmp_path, recipe_cli):
     proc = recipe_cli("kl_ppo", "parallel=tp8pp4", "strategy=megatron", "cluster.nnodes=4", "action=validate",
                       cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr

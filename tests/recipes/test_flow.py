@@ -92,3 +92,18 @@ def test_the_readme_port_your_verl_script_command_validates(tmp_path, recipe_cli
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith("config OK: megatron train dp2 tp2 pp2")
     assert "note: model_engine=megatron (verl's engine switch) chooses strategy=megatron" in proc.stderr
+
+
+def test_machine_readable_output_is_only_data_on_stdout(tmp_path, recipe_cli):
+    """On a machine without GPUs (notices on stderr): ``--cfg job`` prints YAML, ``plan.format=json`` JSON, whole."""
+    import json
+
+    import yaml
+
+    job = recipe_cli("grpo", "--cfg", "job", cwd=tmp_path)
+    assert job.returncode == 0, job.stderr[-2000:]
+    assert yaml.safe_load(job.stdout)["run"]["name"] == "grpo"
+    assert "embedded CPU defaults" in job.stderr
+    plan = recipe_cli("grpo", "parallel=tp2", "action=plan", "plan.format=json", cwd=tmp_path)
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    assert json.loads(plan.stdout)["fits"] is True

@@ -209,7 +209,7 @@ def test_verl_diff_tp_megatron_example_plans_with_verls_sync_path(tmp_path, reci
     assert data["groups"]["placement"] == "verl" and data["fits"] is True
 
 
-def test_the_seed_layout_plans_with_the_resharder(tmp_path, recipe_cli):
+def test_the_article_layout_plans_with_the_resharder(tmp_path, recipe_cli):
     proc = recipe_cli("kl_ppo", "parallel=tp8pp4", "strategy=megatron", "cluster.nnodes=4", "action=plan",
                       cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr
