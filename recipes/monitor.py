@@ -45,6 +45,15 @@ def read_metrics(path: Path) -> list[tuple[int, dict]]:
     return rows
 
 
+def final_metrics(run_dir: Path, kl_keys: tuple[str, ...] = KL_KEYS) -> tuple[float | None, float | None]:
+    """(reward, KL) of the last step in ``run_dir/metrics.jsonl``; (None, None) without one."""
+    rows = read_metrics(Path(run_dir) / "metrics.jsonl")
+    if not rows:
+        return None, None
+    last = rows[-1][1]
+    return first(last, REWARD_KEYS), first(last, kl_keys)
+
+
 def progress_line(step: int, total: int | None, metrics: dict, kl_keys: tuple[str, ...] = KL_KEYS) -> str:
     parts = [f"step {step}/{total}" if total else f"step {step}"]
     reward, kl, coef = first(metrics, REWARD_KEYS), first(metrics, kl_keys), first(metrics, KL_COEF_KEYS)

@@ -36,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 from recipes.confdir import entry_command
 from recipes.defaults import GPU_INTENT
 from recipes.errors import ConfigError
+from recipes.monitor import final_metrics
 from recipes.nccl_env import pack_env
 from recipes.overrides import chosen_keys, override_key
 from recipes.redact import redact_env
@@ -374,6 +375,10 @@ class JobResult:
     submission_id: str | None = None
     seconds: float | None = None
     message: str | None = None
+    reward: float | None = None
+    """the last step's mean reward, read from the job's metrics.jsonl when its run folder is visible here"""
+    kl: float | None = None
+    """the last step's KL to the reference, likewise"""
 
     @property
     def ok(self) -> bool:
@@ -460,8 +465,9 @@ def run_sweep(client, specs: Sequence[JobSpec], *, total: dict[str, float], free
                 # the job's own last words say more than Ray's "entrypoint command failed ..."
                 last = [line for line in log_text.splitlines() if line.strip()]
                 message = last[-1].strip()[:300] if last else message
+            reward, kl = final_metrics(spec.run_dir)  # a shared file system: the sweep folder is the job's
             result = JobResult(spec.num, spec.overrides, str(spec.run_dir), status, exit_code_of(info), job_id,
-                               seconds, message)
+                               seconds, message, reward, kl)
             results[spec.num] = result
             record = json.loads((spec.run_dir / JOB_RECORD).read_text())
             record.update(status=status, exit_code=result.exit_code, seconds=seconds, message=message)
@@ -486,13 +492,17 @@ def write_sweep_record(sweep_dir: Path, results: Sequence[JobResult], address: s
 
 
 def summary_table(results: Sequence[JobResult]) -> str:
-    """One line per job: status, exit code, seconds, run folder and the overrides that set it apart."""
+    """One line per job: status, exit code, seconds, final reward and KL, run folder and the overrides that set it
+    apart."""
     shown = distinguishing([r.overrides for r in results]) if len(results) > 1 else [r.overrides for r in results]
-    lines = [f"{'#':>3}  {'status':<13} {'exit':>4} {'seconds':>8}  run folder  (overrides)"]
+    lines = [f"{'#':>3}  {'status':<13} {'exit':>4} {'seconds':>8} {'reward':>8} {'kl':>8}  run folder  (overrides)"]
     for r, label in zip(results, shown, strict=True):
         seconds = "" if r.seconds is None else f"{r.seconds:g}"
         code = "" if r.exit_code is None else str(r.exit_code)
-        lines.append(f"{r.num:>3}  {r.status:<13} {code:>4} {seconds:>8}  {r.run_dir}  ({' '.join(label)})")
+        reward = "" if r.reward is None else f"{r.reward:+.3f}"
+        kl = "" if r.kl is None else f"{r.kl:.4f}"
+        lines.append(f"{r.num:>3}  {r.status:<13} {code:>4} {seconds:>8} {reward:>8} {kl:>8}  {r.run_dir}  "
+                     f"({' '.join(label)})")
         if not r.ok and r.message:
             lines.append(f"{'':>5}{r.message.splitlines()[0][:200]}")
     return "\n".join(lines)

@@ -19,7 +19,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from recipes.monitor import KL_KEYS, REWARD_KEYS, first, read_metrics
+from recipes.monitor import final_metrics
 from recipes.ray_jobs import SWEEP_RECORD, distinguishing
 
 
@@ -43,15 +43,6 @@ class JobOutcome:
 def job_result(status: str, exit_code: int, message: str | None = None) -> dict:
     """The return value of one job (``recipes.launch.execute``), read back by :class:`SweepSummary`."""
     return {"status": status, "exit_code": exit_code, "message": message}
-
-
-def final_metrics(run_dir: Path, kl_keys: tuple[str, ...] = KL_KEYS) -> tuple[float | None, float | None]:
-    """(reward, KL) of the last step in ``run_dir/metrics.jsonl``; (None, None) without one."""
-    rows = read_metrics(Path(run_dir) / "metrics.jsonl")
-    if not rows:
-        return None, None
-    last = rows[-1][1]
-    return first(last, REWARD_KEYS), first(last, kl_keys)
 
 
 def outcome(num: int, overrides: list[str], run_dir: str, job_return: JobReturn) -> JobOutcome:

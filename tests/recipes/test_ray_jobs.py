@@ -167,6 +167,11 @@ def test_sweep_reports_failures_and_runs_the_others(tmp_path):
         _spec(tmp_path, 4, {"CPU": 1.0}, entry="python refuse"),
         _spec(tmp_path, 5, {"GPU": 8.0}),  # more than is free, not more than the cluster: runs alone
     ]
+    # job 0 trained (on a shared file system its run folder is visible here): its last step's reward and KL
+    (tmp_path / "0").mkdir()
+    (tmp_path / "0" / "metrics.jsonl").write_text(
+        json.dumps({"step": 1, "data": {"critic/score/mean": 0.5, "actor/kl_loss": 0.5}}) + "\n"
+        + json.dumps({"step": 2, "data": {"critic/score/mean": 0.25, "actor/kl_loss": 0.125}}) + "\n")
     lines = []
     results = run_sweep(client, specs, total={"CPU": 8, "GPU": 8}, free={"CPU": 8, "GPU": 2}, poll_s=0,
                         echo=lines.append)
@@ -181,6 +186,8 @@ def test_sweep_reports_failures_and_runs_the_others(tmp_path):
     assert "5" in client.order and len(client.jobs) == 3
     table = summary_table(results)
     assert "FAILED" in table and "NOT_SUBMITTED" in table and "kl=nosuch" in table
+    assert by[0].reward == pytest.approx(0.25) and by[0].kl == pytest.approx(0.125)  # job 0's metrics.jsonl
+    assert "  +0.250   0.1250  " in table.splitlines()[1]
     assert "(seed=1)" in table  # only the overrides that tell the jobs apart
     assert json.loads((tmp_path / "3" / "job.json").read_text())["status"] == "NOT_SUBMITTED"
 
