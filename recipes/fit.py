@@ -8,6 +8,7 @@ with up to three changes that fit, each found by re-planning with that change ap
 - ``offload=optimizer|param|full`` (never one that turns an offload off);
 - ``actor_rollout_ref.rollout.gpu_memory_utilization=x`` lower, in steps of 0.05, the KV cache still holding a sequence;
 - ``layout.train.tp=2t|4t`` (Megatron: parameters and gradients split over more tensor ranks; inside one node);
+- ``layout.infer.tp=2t|4t`` (a smaller generation shard per GPU, more of the rollout's share for the KV cache);
 - ``cluster.nnodes=2n|4n`` (more data-parallel ranks shard the optimizer; FSDP shards everything);
 - and, where no single change fits, one of the last three together with an offload, or a layout change with a lower
   rollout share.
@@ -115,9 +116,9 @@ def offload_overrides(cfg: DictConfig, settings: PlanSettings) -> Callable[[str]
 
     def verl_keys(name: str) -> tuple[str, ...]:
         wanted = _with_offload(settings, name)
-        return tuple(f"{key}=true" for key, now, new in ((keys[0], settings.param_offload, wanted.param_offload),
-                                                         (keys[1], settings.optimizer_offload, wanted.optimizer_offload))
-                     if new and not now)
+        pairs = ((keys[0], settings.param_offload, wanted.param_offload),
+                 (keys[1], settings.optimizer_offload, wanted.optimizer_offload))
+        return tuple(f"{key}=true" for key, now, new in pairs if new and not now)
 
     return verl_keys
 
@@ -147,8 +148,8 @@ def check_memory(cfg: DictConfig, train: TrainLayout | None, infer: InferLayout 
         lines = [f"{head}; these fit when re-planned (add to the command line):"]
         lines += [f"    {s.line()}" for s in found]
     else:
-        lines = [f"{head}; no offload, lower {UTILIZATION_KEY}, larger layout.train.tp or more cluster.nnodes "
-                 f"(alone or two together) re-plans as fitting"]
+        lines = [f"{head}; no offload, lower {UTILIZATION_KEY}, larger layout.train.tp or layout.infer.tp or more "
+                 f"cluster.nnodes (alone or two together) re-plans as fitting"]
     lines.append("    or run.allow_overcommit=true to go on anyway")
     problems.append("\n".join(lines))
 
@@ -278,7 +279,8 @@ def _offload_names(settings: PlanSettings) -> tuple[str, ...]:
 
 
 def _layout_axes(base: Plan, free: bool) -> list[list[_Option]]:
-    """Larger layout.train.tp (Megatron) and more cluster.nnodes, each axis smallest first."""
+    """Larger layout.train.tp (Megatron), larger layout.infer.tp (the generation shard: the rollout's share must hold
+    it) and more cluster.nnodes, each axis smallest first."""
     if not free:
         return []
     c, t, i = base.cluster, base.train, base.infer
@@ -295,6 +297,17 @@ def _layout_axes(base: Plan, free: bool) -> list[list[_Option]]:
                 continue
             tp.append(_Option((f"layout.train.tp={size}",), (c, train, i)))
         axes.append(tp)
+    infer_tp = []
+    for factor in FACTORS:
+        size = i.tp * factor
+        if size > c.gpus_per_node or c.world_size % (size * i.pp):
+            continue
+        try:
+            infer = replace(i, tp=size, dp=-1)
+        except LayoutError:
+            continue
+        infer_tp.append(_Option((f"layout.infer.tp={size}",), (c, t, infer)))
+    axes.append(infer_tp)
     nodes = []
     for factor in FACTORS:
         try:
@@ -309,9 +322,9 @@ def _layout_axes(base: Plan, free: bool) -> list[list[_Option]]:
 def suggest(base: Plan, *, layout_free: bool = True, admissible: Admissible | None = None, limit: int = 3,
             offload_overrides: Callable[[str], tuple[str, ...]] | None = None) -> list[Suggestion]:
     """Up to ``limit`` changes that make ``base`` fit, each re-planned: single changes first (offload, lower rollout
-    share, larger train tp, more nodes), then, for the axes no single change fixed, two together. ``layout_free``:
-    dp is derived (``layout_free(cfg)``), so tp and nnodes may change; ``offload_overrides(name)``: how an offload
-    is typed (default ``offload=<name>``)."""
+    share, larger train or generation tp, more nodes), then, for the axes no single change fixed, two together.
+    ``layout_free``: dp is derived (``layout_free(cfg)``), so tp and nnodes may change; ``offload_overrides(name)``:
+    how an offload is typed (default ``offload=<name>``)."""
     typed = offload_overrides or (lambda name: (f"offload={name}",))
     search = _Search(base, admissible)
     settings = base.settings

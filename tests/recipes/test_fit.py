@@ -109,14 +109,16 @@ def test_the_search_replans_only_the_layouts_it_needs(over, monkeypatch):
     layouts = []
 
     def counted(*args, **kwargs):
-        layouts.append((args[3].nnodes, args[1].tp))
+        layouts.append((args[3].nnodes, args[1].tp, args[2].tp))
         return build_plan(*args, **kwargs)
 
     monkeypatch.setattr(fit, "build_plan", counted)
     assert fit.suggest(plan, layout_free=True) == found
-    # tp 8 does not divide 8 GPUs with pp 2 (refused by arithmetic, no plan); 4 nodes first: when the largest does
-    # not fit alone, 2 nodes are planned only for the pair with an offload
-    assert layouts == [(4, 4), (2, 4)]
+    # each layout is planned once; train tp 8 with pp 2 needs 16 GPUs (refused by arithmetic, no plan); of the
+    # generation tp and node axes, the largest is planned first, and it does not fit alone: the smaller ones are
+    # planned for the pairs with an offload, until one fits (2 nodes)
+    assert len(layouts) == len(set(layouts)) and all(train_tp == 4 for _, train_tp, _ in layouts)
+    assert layouts == [(1, 4, 8), (4, 4, 2), (1, 4, 4), (2, 4, 2)]
 
 
 def test_a_typed_dp_pins_the_world(over):
@@ -200,7 +202,8 @@ def test_validate_exits_2_with_the_error_and_its_suggestions(refused, over):
     _, _, plan, found = over
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stdout == ""
     lines = proc.stderr.splitlines()
-    assert lines[0] == f"config error: {fit.overcommit_line(plan)}; these fit when re-planned (add to the command line):"
+    head = f"{fit.overcommit_line(plan)}; these fit when re-planned (add to the command line):"
+    assert lines[0] == f"config error: {head}"
     assert [(m["overrides"], m["peak"], m["phase"]) for m in _suggestions(proc.stderr)] == [
         (s.text, gib_text(s.peak_bytes), s.peak_phase) for s in found]
     assert lines[-1] == "    or run.allow_overcommit=true to go on anyway"
