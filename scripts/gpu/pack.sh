@@ -76,6 +76,11 @@ done
 
 # Ray: a real local cluster needs _raylet.so, core/src/ray/{raylet,gcs}; none of these parts
 ( cd "$WORK/site/ray" && rm -rf jars dashboard/client rllib serve tune train data llm )
+# the dashboard's head refuses to start without its web client's build folder, and ray.init then waits 60 s for it:
+# an empty build (a placeholder page, an empty static/) keeps the dashboard and its API up without the web UI
+mkdir -p "$WORK/site/ray/dashboard/client/build/static"
+echo '<!doctype html><title>Ray</title><p>The dashboard web client is not installed (scripts/gpu/pack.sh).</p>' \
+  >"$WORK/site/ray/dashboard/client/build/index.html"
 find "$WORK/site" -name __pycache__ -type d -prune -exec rm -rf {} +
 test -x "$WORK/site/ray/core/src/ray/raylet/raylet" && test -x "$WORK/site/ray/core/src/ray/gcs/gcs_server"
 

@@ -56,18 +56,39 @@ head -6 "$OUTDIR/env.txt"
 
 COMMON=(cluster=h200_141g cluster.gpus_per_node=1 parallel=tp1 rollout=hf model=tiny task=tiny kl=adaptive)
 
+diagnose() {
+  echo "##### $1 after ${DIAG_AFTER}s: ray status"; timeout 20 $PY -m ray.scripts.scripts status 2>&1 | tail -40
+  echo "##### processes"; ps -eo pid,etimes,pcpu,rss,args --sort=-pcpu | cut -c1-200 | head -30
+  echo "##### nvidia-smi"; nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv
+  echo "##### verl.log"; tail -80 "$2/verl.log" 2>/dev/null | cut -c1-400
+  for f in /tmp/ray/session_latest/logs/raylet.out /tmp/ray/session_latest/logs/gcs_server.out; do
+    echo "##### $f"; grep -i -E "infeasible|pending|error|warn" "$f" 2>/dev/null | tail -15 | cut -c1-300
+  done
+  for f in $(ls -t /tmp/ray/session_latest/logs/*.err 2>/dev/null | head -12); do
+    [ -s "$f" ] && { echo "##### $f"; tail -12 "$f" | cut -c1-300; }
+  done
+}
+
 # run NAME RECIPE ARGS...: one recipe run in $WORK/runs/NAME, its figures in $WORK/figures/NAME.json
 run() {
   local name=$1 recipe=$2; shift 2
   local dir=$WORK/runs/$name start end rc
   echo "=== $name: python -m recipes.$recipe $* hydra.run.dir=$dir ===" | tee -a "$LOG"
   start=$(date +%s.%N)
-  timeout "$RUN_TIMEOUT" $PY -m recipes."$recipe" "$@" "${EXTRA_ARGS[@]}" hydra.run.dir="$dir" >"$WORK/$name.log" 2>&1
+  timeout "$RUN_TIMEOUT" $PY -m recipes."$recipe" "$@" "${EXTRA_ARGS[@]}" hydra.run.dir="$dir" >"$WORK/$name.log" 2>&1 &
+  local pid=$! waited=0
+  # a run that outlasts DIAG_AFTER seconds: Ray's view of its resources and processes, once, into OUTDIR/debug.txt
+  while kill -0 $pid 2>/dev/null; do
+    sleep 2; waited=$((waited + 2))
+    if [ "$waited" -eq "${DIAG_AFTER:-0}" ]; then diagnose "$name" "$dir" >>"$OUTDIR/debug.txt" 2>&1; fi
+  done
+  wait $pid
   rc=$?
   end=$(date +%s.%N)
   grep -v -E "^\s*$" "$WORK/$name.log" | tail -40 >>"$LOG"
   echo "=== $name: exit $rc, $(awk "BEGIN{print $end - $start}") s ===" | tee -a "$LOG"
   mkdir -p "$dir" && cp "$WORK/$name.log" "$dir/run.log"
+  [ "$rc" -eq 0 ] || { echo "--- $name: verl.log, last lines"; tail -60 "$dir/verl.log" 2>/dev/null | cut -c1-400; } >>"$LOG"
   $PY scripts/gpu/e2e_figures.py "$dir" --name "$name" --json "$WORK/figures/$name.json" --log "$WORK/$name.log" \
     --wall-s "$(awk "BEGIN{print $end - $start}")" 2>&1 | tee -a "$LOG"
   return $rc
@@ -109,6 +130,6 @@ Path(sys.argv[2]).write_text(json.dumps(runs, indent=1, sort_keys=True))
 EOF
 # every run's record, without the checkpoints' weights
 (cd "$WORK" && tar -czf "$OUTDIR/runs.tar.gz" figures $(cd "$WORK" && find runs -maxdepth 2 \( -name metrics.jsonl -o \
-  -name resolved_config.yaml -o -name run.log -o -name weight_sync.jsonl -o -name bands.json \) ) \
+  -name resolved_config.yaml -o -name run.log -o -name verl.log -o -name weight_sync.jsonl -o -name bands.json \) ) \
   $(cd "$WORK" && find runs -path '*checkpoints/global_step_*/kl_control.json') 2>/dev/null)
 ls -la "$OUTDIR"

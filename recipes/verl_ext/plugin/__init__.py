@@ -10,7 +10,8 @@ verl imports this package in every process that imports verl (entry-point group 
    :class:`~.platform.PlatformCPU` in verl's ``PlatformRegistry``, selects it (``VERL_PLATFORM=cpu``, inherited by
    Ray workers), turns off Ray's pre-started idle workers (``RAY_prestart_worker_first_driver=0``: one per
    logical CPU, seconds each on 2 cores) and applies the CPU patches of :mod:`.patches`. On a machine with CUDA
-   nothing of this happens.
+   nothing of this happens; there, only where the flash-attn package is missing, the critic's value model is
+   loaded with sdpa instead of verl's hard-coded flash_attention_2 (:func:`.patches.apply_flash_attn_fallbacks`).
 
 The verl overrides that go with it are in :mod:`.cpu_overrides` (``CPU_VERL_OVERRIDES``); :mod:`.replay_buffer` is
 the v1 replay buffer with a short poll; :mod:`.demo_run` runs and measures ``main_ppo`` (bench script, e2e tests).
@@ -68,6 +69,8 @@ def install() -> None:
     )
 
     if not cpu_platform_wanted():
+        # a GPU machine: verl's CUDA platform as it is; only what flash-attn's absence would break (the critic)
+        patches.apply_flash_attn_fallbacks()
         return
     if PlatformRegistry.get(PLATFORM_NAME) is not PlatformCPU:
         PlatformRegistry.register(platform=PLATFORM_NAME)(PlatformCPU)

@@ -12,7 +12,9 @@ what                                        why
 ``transformer_impl.CPUOffloadPolicy``       the forward-only ref model gets ``CPUOffloadPolicy(pin_memory=True)``;
                                             pinning needs an accelerator, so on the CPU it is built unpinned.
 ``load_valuehead_model``                    the critic's value model is loaded with a hard-coded
-                                            ``attn_implementation="flash_attention_2"``; on the CPU it uses sdpa.
+                                            ``attn_implementation="flash_attention_2"``; on the CPU, and on a GPU
+                                            machine without the flash-attn package, it uses sdpa (verl's own
+                                            fallback then asks for trl and fails: seen on an H200, 2026-12-01).
 ``initialize_global_process_group_ray``     verl asks torch for ``"cpu:gloo,<device>:<backend>"``, which is
                                             ``"cpu:gloo,cpu:gloo"`` on the CPU: torch rejects the duplicate.
 ``FSDPEngine.get_per_tensor_param``         in a process hosting the ``hf`` rollout, the export also carries the
@@ -42,6 +44,8 @@ __all__ = [
     "SUPPORTED_VERL",
     "UnsupportedVerlError",
     "apply_cpu_patches",
+    "apply_flash_attn_fallbacks",
+    "flash_attn_installed",
     "apply_rollout_patches",
     "installed_verl_version",
     "require_supported_verl",
@@ -237,6 +241,22 @@ def apply_rollout_patches() -> None:
     require_supported_verl()
     when_imported("verl.workers.rollout.base", _register_hf_adapter)
     when_imported("verl.workers.engine.fsdp.transformer_impl", _sharded_weight_export)
+
+
+def flash_attn_installed() -> bool:
+    """True where the flash-attn package can be imported (verl's hard-coded ``flash_attention_2`` needs it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+def apply_flash_attn_fallbacks() -> None:
+    """On an accelerator machine without flash-attn: the critic's value model loads with sdpa, as on the CPU.
+    Where flash-attn is installed nothing changes (verl's own loader keeps ``flash_attention_2``)."""
+    require_supported_verl()
+    if flash_attn_installed():
+        return
+    when_imported("verl.utils.model", _sdpa_value_model)
 
 
 def apply_cpu_patches() -> None:

@@ -87,9 +87,20 @@ def test_cpu_platform_is_not_wanted_with_an_accelerator_build(monkeypatch):
     assert cpu_platform_wanted()
 
 
+def _cuda_build_probe(flash_attn: bool, tmp_path):
+    """The environment of a fresh interpreter for a CUDA-build probe, with or without a (stub) flash_attn module."""
+    env = {k: v for k, v in os.environ.items() if k != "VERL_PLATFORM"}
+    if flash_attn:
+        (tmp_path / "flash_attn").mkdir()
+        (tmp_path / "flash_attn" / "__init__.py").write_text("")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
+    return env
+
+
 @pytest.mark.slow
-def test_importing_the_plugin_with_cuda_changes_nothing():
-    """With a CUDA build of torch, importing verl (and so the plugin) registers no CPU platform and patches nothing."""
+def test_importing_the_plugin_with_cuda_changes_nothing(tmp_path):
+    """With a CUDA build of torch and flash-attn installed, importing verl (and so the plugin) registers no CPU
+    platform and patches nothing."""
     probe = textwrap.dedent(
         """
         import os, torch
@@ -107,7 +118,39 @@ def test_importing_the_plugin_with_cuda_changes_nothing():
         print("OK")
         """
     )
-    env = {k: v for k, v in os.environ.items() if k != "VERL_PLATFORM"}
+    env = _cuda_build_probe(flash_attn=True, tmp_path=tmp_path)
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_cuda_without_flash_attn_loads_the_critic_with_sdpa(assets, tmp_path):
+    """The KL-PPO critic on a GPU machine without flash-attn (seen on an H200, 2026-12-01): verl 0.9.1 loads the value
+    model with a hard-coded flash_attention_2, then falls back to trl's value head and fails ("please install trl").
+    With a CUDA build and no flash_attn, the plugin's loader gives verl's first choice, a one-label token
+    classification head, with sdpa; nothing else is patched (verl's CUDA platform, its process group)."""
+    probe = textwrap.dedent(
+        f"""
+        import os, importlib.util, torch
+        torch.version.cuda = "12.4"          # what a CUDA build reports
+        os.environ.pop("VERL_PLATFORM", None)
+        assert importlib.util.find_spec("flash_attn") is None
+        import verl
+        from verl.plugin.platform import PlatformRegistry
+        import verl.utils.distributed as dist, verl.utils.model as model
+        from transformers import AutoConfig
+        assert "cpu" not in PlatformRegistry.registered_names()
+        assert not hasattr(dist.initialize_global_process_group_ray, "_hybrid_engine_gloo")
+        assert model.load_valuehead_model._hybrid_engine_sdpa
+        config = AutoConfig.from_pretrained({str(assets.model_dir)!r}, num_labels=1)
+        critic = model.load_valuehead_model({str(assets.model_dir)!r}, torch.float32, config, False)
+        assert type(critic).__name__.endswith("ForTokenClassification"), type(critic)
+        assert critic.config._attn_implementation == "sdpa", critic.config._attn_implementation
+        assert critic.score.out_features == 1
+        print("OK")
+        """
+    )
+    env = _cuda_build_probe(flash_attn=False, tmp_path=tmp_path)
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]
 
