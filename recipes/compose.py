@@ -22,13 +22,44 @@ def compose_recipe(recipe: str, overrides: list[str] | None = None) -> DictConfi
     if recipe not in RECIPES:
         raise ConfigError(f"recipe: unknown recipe {recipe!r}; choose from {', '.join(RECIPES)}")
     register_resolvers()
-    overrides, _ = adopt_engine_switch(list(overrides or []), recipe)
+    overrides, _ = adopt_verl_primary(list(overrides or []))
+    overrides, _ = adopt_engine_switch(overrides, recipe)
     refuse_shared_parts(overrides)
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None, job_name=recipe):
             return compose(config_name=recipe, overrides=overrides)
     except HydraException as error:
         raise ConfigError(explain_hydra_error(error, overrides, recipe)) from None
+
+
+# verl 0.9.1's other primary configs of main_ppo, each its ppo_trainer with one switch
+VERL_PRIMARY_CONFIGS = {"ppo_megatron_trainer": "model_engine=megatron", "ppo_trainer": None}
+
+
+def adopt_verl_primary(argv: list[str]) -> tuple[list[str], list[str]]:
+    """verl's ``--config-name=ppo_megatron_trainer`` (``-cn``, with or without ``.yaml``), as some of its example
+    scripts pass it, is verl's ppo_trainer with ``model_engine=megatron``: the recipes extend ppo_trainer, so the
+    flag becomes that override (``ppo_trainer`` itself is dropped). Any other config name is left to Hydra."""
+    out, notes, i = [], [], 0
+    while i < len(argv):
+        flag, sep, value = argv[i].partition("=")
+        if flag in ("--config-name", "-cn"):
+            if not sep and i + 1 < len(argv):
+                i, value = i + 1, argv[i + 1]
+            name = value.strip().removesuffix(".yaml")
+            if name in VERL_PRIMARY_CONFIGS:
+                switch = VERL_PRIMARY_CONFIGS[name]
+                if switch:
+                    out.append(switch)
+                    notes.append(f"note: --config-name={value} is verl's ppo_trainer with {switch}")
+                i += 1
+                continue
+            out.append(f"{flag}={value}")
+            i += 1
+            continue
+        out.append(argv[i])
+        i += 1
+    return out, notes
 
 
 # verl 0.9.1's engine switch (its config group ``model_engine``) -> the pack's strategies that are that engine

@@ -27,7 +27,7 @@ from hydra.types import HydraContext, RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from recipes.bundle import write_record
-from recipes.compose import adopt_engine_switch, explain_hydra_error, refuse_shared_parts
+from recipes.compose import adopt_engine_switch, adopt_verl_primary, explain_hydra_error, refuse_shared_parts
 from recipes.confdir import conf_dir, entry_command
 from recipes.defaults import EMBEDDED_DEFAULTS, embedded_defaults, has_accelerator
 from recipes.errors import ConfigError, exit_with, report
@@ -57,9 +57,11 @@ def run_recipe(recipe: str, argv: list[str] | None = None) -> None:
         hydra.main(config_path=str(conf_dir()), config_name=recipe, version_base=None)(execute)()
         return
     try:
-        argv, notices = adopt_engine_switch(argv, recipe)
+        argv, notices = adopt_verl_primary(argv)
+        argv, engine_notes = adopt_engine_switch(argv, recipe)
     except ConfigError as error:
         exit_with(error)
+    notices += engine_notes
     added = embedded_defaults(argv, has_accelerator())
     if added:
         notices.append(f"no GPU found: embedded CPU defaults {' '.join(added)} "

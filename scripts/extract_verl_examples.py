@@ -60,6 +60,9 @@ LAUNCH_RE = re.compile(r"-m\s+verl\.trainer\.main_ppo(?![\w.])")
 MODULE = "verl.trainer.main_ppo"
 OWN_CONFIG_NAMES = ("ppo_trainer", "ppo_trainer.yaml")
 """``--config-name`` values that are main_ppo's own default (``@hydra.main(config_name="ppo_trainer")``)."""
+KEPT_CONFIG_NAMES = ("ppo_megatron_trainer", "ppo_megatron_trainer.yaml")
+"""``--config-name`` values the recipes take as typed (verl's ppo_trainer with model_engine=megatron,
+``recipes.compose.adopt_verl_primary``): kept in the overrides."""
 
 
 class ShellError(Exception):
@@ -1375,7 +1378,9 @@ def split_hydra_flags(args: list[str]) -> tuple[list[str], str | None]:
                 i += 1
                 value = args[i]
             if flag in ("--config-name", "-cn"):
-                if value not in OWN_CONFIG_NAMES:
+                if value in KEPT_CONFIG_NAMES:
+                    overrides.append(f"--config-name={value}")
+                elif value not in OWN_CONFIG_NAMES:
                     reason = (f"--config-name={value}: composes another Hydra primary config than main_ppo's "
                               "ppo_trainer, which the recipes extend")
             elif flag not in ("--config-path", "-cp"):
@@ -1430,11 +1435,14 @@ def verl_refusal(overrides: list[str], config_dir: Path) -> str | None:
     """Why the installed verl refuses ``overrides``, or None: its own ``ppo_trainer`` tree (the one main_ppo
     composes) with Hydra, then its actor and rollout dataclasses (what its workers build; they read no model
     files), none of the recipes' code."""
+    name = next((o.split("=", 1)[1].removesuffix(".yaml") for o in overrides if o.startswith("--config-name=")),
+                "ppo_trainer")  # a kept --config-name (KEPT_CONFIG_NAMES): verl composes that primary config
+    overrides = [o for o in overrides if not o.startswith("-")]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             with initialize_config_dir(config_dir=str(config_dir), version_base=None):
-                cfg = compose(config_name="ppo_trainer", overrides=overrides)
+                cfg = compose(config_name=name, overrides=overrides)
     except Exception as error:  # noqa: BLE001 - any refusal is the reason
         return str(error).strip().splitlines()[0]
     from verl.utils.config import omega_conf_to_dataclass  # lazy: verl's import is slow and only this needs it

@@ -88,6 +88,7 @@ def drift(overrides: list[str], resolved) -> list[str]:
     """One line per override whose key does not hold the typed value in ``resolved`` (parsed as Hydra parses
     the command line: ``key=value``, ``+key=value``, ``++key=value``, ``~key``)."""
     problems = []
+    overrides = [o for o in overrides if not o.startswith("-")]  # a flag (--config-name) is not a key's value
     for override in OverridesParser.create().parse_overrides(overrides):
         text, key = override.input_line, override.key_or_group
         saved = _plain(OmegaConf.select(resolved, key, default=_ABSENT))
@@ -305,7 +306,9 @@ def test_the_extractor_sets_what_a_script_demands_and_skips_other_trainers():
 
 
 @pytest.mark.parametrize("source,strategy", [("examples/ppo_trainer/run_qwen3_8b_megatron.sh", "megatron"),
-                                             ("examples/grpo_trainer/run_qwen3_30b_veomni.sh", "veomni")])
+                                             ("examples/grpo_trainer/run_qwen3_30b_veomni.sh", "veomni"),
+                                             # --config-name=ppo_megatron_trainer, verl's other primary config
+                                             ("examples/grpo_trainer/run_qwen2-7b_math_megatron_fsdp.sh", "megatron")])
 def test_verl_engine_switch_through_the_cli(source, strategy, tmp_path, recipe_cli):
     """verl's ``model_engine=<engine>`` is the pack's strategy of that engine: said once on stderr, saved as verl's."""
     example = next(e for e in TAKEN if e["source"] == source)
