@@ -4,7 +4,8 @@ verl imports this package in every process that imports verl (entry-point group 
 
 1. checks that verl is the pinned version (:func:`require_supported_verl`; entry points call it too, because verl
    hides plugin import errors);
-2. registers the ``hf`` rollout backend (:mod:`.hf_rollout`) in verl's ``RolloutReplicaRegistry`` and worker-side
+2. makes verl's task runners print the config through the pack's redaction (:func:`.patches.apply_record_patches`);
+   registers the ``hf`` rollout backend (:mod:`.hf_rollout`) in verl's ``RolloutReplicaRegistry`` and worker-side
    rollout table: additive, other backends are untouched;
 3. only where the CPU platform is wanted (a torch build without accelerator, or ``VERL_PLATFORM=cpu``): registers
    :class:`~.platform.PlatformCPU` in verl's ``PlatformRegistry``, selects it (``VERL_PLATFORM=cpu``, inherited by
@@ -63,6 +64,7 @@ def install() -> None:
         raise
 
     patches.apply_rollout_patches()
+    patches.apply_record_patches()
     patches.when_imported(
         "verl.workers.rollout.replica",
         lambda replica: replica.RolloutReplicaRegistry.register("hf", _load_hf_replica),

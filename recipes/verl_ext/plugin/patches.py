@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 import importlib.abc
 import importlib.metadata
+import importlib.util
 import logging
 import sys
 from collections.abc import Callable
@@ -234,6 +235,26 @@ def _sharded_weight_export(transformer_impl) -> None:
     engine_cls.get_per_tensor_param = get_per_tensor_param
 
 
+def _redacted_config_print(module) -> None:
+    """verl's task runners print the whole resolved config (``pprint`` in main_ppo / main_ppo_v0), which lands in the
+    terminal, the run's verl.log and Ray's worker logs: print it with the pack's redaction policy applied."""
+    from pprint import pprint  # lazy: only the task runner's module needs it
+
+    from recipes.redact import redact_config  # lazy: recipes.redact is a leaf; this module loads in every verl process
+
+    def redacted_pprint(obj, *args, **kwargs):
+        pprint(redact_config(obj) if isinstance(obj, dict | list) else obj, *args, **kwargs)
+
+    module.pprint = redacted_pprint
+
+
+def apply_record_patches() -> None:
+    """What verl prints or writes of the config goes through the pack's redaction (secrets only)."""
+    require_supported_verl()
+    when_imported("verl.trainer.main_ppo", _redacted_config_print)
+    when_imported("verl.trainer.main_ppo_v0", _redacted_config_print)
+
+
 def apply_rollout_patches() -> None:
     """Make ``rollout.name=hf`` resolvable in verl's workers, and let its weight sync use the resharder.
     Additive: other rollouts get verl's weight export unchanged (``weight_sync.export_sharded`` wraps it only once
@@ -245,8 +266,6 @@ def apply_rollout_patches() -> None:
 
 def flash_attn_installed() -> bool:
     """True where the flash-attn package can be imported (verl's hard-coded ``flash_attention_2`` needs it)."""
-    import importlib.util
-
     return importlib.util.find_spec("flash_attn") is not None
 
 

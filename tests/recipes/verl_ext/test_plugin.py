@@ -486,3 +486,14 @@ def test_another_verl_fails_loudly_when_the_plugin_is_an_external_module():
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode != 0
     assert "UnsupportedVerlError" in result.stderr and "found verl==0.10.0" in result.stderr
+
+
+def test_verls_task_runner_prints_the_config_redacted(capsys):
+    """verl's TaskRunner pprints the whole config (terminal, verl.log, Ray's worker logs): secrets come out hidden."""
+    import verl.trainer.main_ppo as main_ppo
+
+    main_ppo.pprint({"trainer": {"wandb_key": "hunter2", "project_name": "p"},
+                     "data": {"url": "https://user:pw@host/x", "prompt_key": "prompt"}})
+    out = capsys.readouterr().out
+    assert "hunter2" not in out and ":pw@" not in out and "'***'" in out
+    assert "'prompt_key': 'prompt'" in out and "'project_name': 'p'" in out

@@ -14,6 +14,7 @@ rollback: stability=auto, kl=ramp over 4 steps,     4    attempt 0 fails at step
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,7 @@ PLANTED = "sk-planted-0123456789abcdef"  # a secret-shaped value under a secret-
 @dataclass
 class Run:
     stdout: str
+    stderr: str
     run_dir: Path
     rows: list[dict]
 
@@ -42,7 +44,7 @@ def train(recipe_cli, workdir: Path, *overrides: str, steps: int, save_freq: int
     if proc.returncode != 0 or not folders:
         pytest.fail(f"{overrides}: exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     rows = [json.loads(line) for line in folders[-1].read_text().splitlines()]
-    return Run(stdout=proc.stdout, run_dir=folders[-1].parent, rows=rows)
+    return Run(stdout=proc.stdout, stderr=proc.stderr, run_dir=folders[-1].parent, rows=rows)
 
 
 @pytest.fixture(scope="module")
@@ -138,3 +140,16 @@ def test_ramp_target_and_controller_state_survive_the_restart(rollback_run):
     resumed = rollback_run.at(3)  # the first step of attempt 1, after loading the step-2 checkpoint
     assert resumed["kl_control/loss_coef"] == saved["loss_coef"] == rollback_run.at(2)["kl_control/next_loss_coef"]
     assert resumed["kl_control/target"] == saved["target"]
+
+
+def test_a_planted_secret_appears_nowhere(rollback_run):
+    """The rollback run typed +trainer.wandb_key=<a key-shaped secret>: not in any file of its run folder (configs,
+    logs, checkpoints, records), not on its terminal, not in Ray's session logs (verl's TaskRunner prints the config
+    there)."""
+    planted = PLANTED.encode()
+    leaked = [str(p) for p in rollback_run.run_dir.rglob("*") if p.is_file() and planted in p.read_bytes()]
+    assert not leaked
+    assert PLANTED not in rollback_run.stdout + rollback_run.stderr
+    ray_logs = [p for p in Path(tempfile.gettempdir(), "ray").glob("session_*/logs/*") if p.is_file()]
+    assert ray_logs, "Ray's session logs were not found"
+    assert not [str(p) for p in ray_logs if planted in p.read_bytes()]
