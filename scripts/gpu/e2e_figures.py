@@ -18,7 +18,10 @@ import statistics
 from pathlib import Path
 
 REWARD_KEYS = ("critic/score/mean", "critic/rewards/mean")
-KEEP_PREFIXES = ("timing_s/", "perf/", "kl_control/", "guard/", "critic/score/", "critic/rewards/", "actor/kl_loss",
+MEMORY_KEYS = ("actor/perf/max_memory_allocated_gb", "actor/perf/max_memory_reserved_gb",
+               "critic/perf/max_memory_allocated_gb", "critic/perf/max_memory_reserved_gb",
+               "perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb")
+KEEP_PREFIXES = ("timing_s/", "perf/", "actor/perf/", "critic/perf/", "kl_control/", "guard/", "critic/score/", "critic/rewards/", "actor/kl_loss",
                  "actor/ppo_kl", "actor/entropy", "actor/grad_norm", "actor/pg_loss", "critic/vf_loss",
                  "training/rollout_probs_diff_mean", "response_length/mean", "actor/reward_kl_penalty")
 
@@ -65,7 +68,7 @@ def figures(run_dir: Path, name: str, wall_s: float | None = None, log: Path | N
         last = statistics.mean(r for _, r in rewards[-q:])
         learning = {"quarter_steps": q, "first_quarter_mean": first, "last_quarter_mean": last, "rise": last - first}
     peak = {k: max(_number(d.get(k)) or 0.0 for _, d in rows)
-            for k in ("perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb") if any(k in d for _, d in rows)}
+            for k in MEMORY_KEYS if any(k in d for _, d in rows)}
     checkpoints = sorted(int(p.name.split("_")[-1]) for p in (run_dir / "checkpoints").glob("global_step_*"))
     kl_states = {}
     for step in checkpoints:
