@@ -36,6 +36,7 @@ from recipes.help import SCRIPTS, help_topic, print_help
 from recipes.overrides import has_hydra_flags
 from recipes.ray_jobs import preflight, submit_from_hydra
 from recipes.resolvers import register_resolvers
+from recipes.rundir import Reservation, release, reserve
 from recipes.sweep import job_result
 from recipes.validate import ValidatedRun, check, validate
 
@@ -116,8 +117,13 @@ def run_composed(app, recipe: str, cfg: DictConfig, notices: list[str]) -> None:
     """Validate the composed config, then run it as a Hydra job (run folder, .hydra/, logging), as Hydra's ``run``."""
     with read_write(cfg.hydra):
         cfg.hydra.mode = RunMode.RUN
-    pin_run_dir(cfg)
-    run = checked_run(task_config(cfg))
+    reservation = pin_run_dir(cfg)
+    try:
+        run = checked_run(task_config(cfg))
+    except BaseException:
+        if reservation is not None:
+            release(reservation)  # a refused run leaves no folder behind
+        raise
     for line in notices:
         print(line, file=sys.stderr)
     callbacks = Callbacks(cfg)
@@ -133,14 +139,21 @@ def run_composed(app, recipe: str, cfg: DictConfig, notices: list[str]) -> None:
     run_and_report(job)
 
 
-def pin_run_dir(cfg: DictConfig) -> None:
+def pin_run_dir(cfg: DictConfig) -> Reservation | None:
     """Fix this run's folder now (``hydra.run.dir`` holds ``${now:...}``), so ``run.dir`` resolves to it during
-    validation and the job writes exactly there."""
+    validation and the job writes exactly there. The recipe's own folder name is reserved (created exclusively, a
+    suffix when another run took it in the same second); a ``hydra.run.dir=`` typed on the command line is used as
+    it is (the Ray Jobs launcher points each job at its folder), and None is returned."""
     run_dir = os.path.abspath(str(OmegaConf.select(cfg, "hydra.run.dir")))
+    typed = any(str(o).lstrip("+").startswith("hydra.run.dir=") for o in cfg.hydra.overrides.hydra)
+    reservation = None if typed else reserve(run_dir)
+    if reservation is not None:
+        run_dir = str(reservation.path)
     with read_write(cfg.hydra), open_dict(cfg.hydra):
         cfg.hydra.run.dir = run_dir
         cfg.hydra.runtime.output_dir = run_dir
     HydraConfig.instance().set_config(cfg)
+    return reservation
 
 
 def task_config(cfg: DictConfig) -> DictConfig:

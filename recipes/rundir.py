@@ -1,0 +1,59 @@
+"""A run folder of its own: created exclusively, so two runs started in the same second never share one.
+
+The folder name holds the time to the second (``runs/grpo/2026-12-01_12-40-25``). :func:`reserve` creates it with
+``os.mkdir`` (atomic: exactly one process wins); a name already taken gets the next free suffix (``..._12-40-25-1``).
+:func:`release` removes what a reservation created when the run does not go ahead (a config error), so a bad input
+leaves no folder behind.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Reservation:
+    path: Path
+    """the run folder, created and empty"""
+    created: tuple[Path, ...]
+    """every folder the reservation created, the run folder last (its parents that did not exist before)"""
+
+
+def reserve(path: str | os.PathLike, attempts: int = 1000) -> Reservation:
+    """Create ``path`` exclusively, or ``path-1``, ``path-2``, ... when it is taken; its parents as needed."""
+    path = Path(path)
+    created = _make_parents(path.parent)
+    for n in range(attempts):
+        candidate = path if n == 0 else path.with_name(f"{path.name}-{n}")
+        try:
+            os.mkdir(candidate)
+        except FileExistsError:
+            continue
+        return Reservation(candidate, (*created, candidate))
+    raise FileExistsError(f"{path}: {attempts} run folders of this name exist")
+
+
+def release(reservation: Reservation) -> None:
+    """Remove the folders the reservation created, deepest first, as long as they are empty."""
+    for folder in reversed(reservation.created):
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (another run's folder is in it) or already gone
+            return
+
+
+def _make_parents(folder: Path) -> list[Path]:
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    made = []
+    for parent in reversed(missing):
+        try:
+            os.mkdir(parent)
+            made.append(parent)
+        except FileExistsError:  # another run made it meanwhile: theirs, not ours to remove
+            pass
+    return made
