@@ -17,10 +17,11 @@ from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from recipes.monitor import final_metrics
 from recipes.ray_jobs import SWEEP_RECORD, distinguishing
+from recipes.rundir import reserve
 
 
 @dataclass
@@ -80,11 +81,23 @@ def write_record(sweep_dir: Path, outcomes: list[JobOutcome]) -> Path:
 
 
 class SweepSummary(Callback):
-    """Hydra callback: collects each job's outcome; at the end of a local sweep prints the table, writes
-    ``sweep_results.json`` and exits 1 if a job did not succeed."""
+    """Hydra callback: gives the sweep a folder of its own; collects each job's outcome; at the end of a local sweep
+    prints the table, writes ``sweep_results.json`` and exits 1 if a job did not succeed."""
 
     def __init__(self) -> None:
         self.outcomes: list[JobOutcome] = []
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Reserve the sweep folder (``multirun-<time>``, a -N suffix when another sweep took it in the same
+        second; recipes.rundir) unless ``hydra.sweep.dir`` was typed; every job's config is composed again from the
+        master's Hydra overrides, so the reserved folder goes there too."""
+        hydra_overrides = [str(o) for o in config.hydra.overrides.hydra]
+        if any(o.lstrip("+").startswith("hydra.sweep.dir=") for o in hydra_overrides):
+            return
+        folder = str(reserve(Path(str(config.hydra.sweep.dir)).absolute()).path)
+        with read_write(config.hydra), open_dict(config.hydra):
+            config.hydra.sweep.dir = folder
+            config.hydra.overrides.hydra.append(f"hydra.sweep.dir={folder}")
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if not _local_sweep(config):

@@ -60,3 +60,15 @@ def test_two_runs_started_together_never_share_a_folder(tmp_path):
     assert [proc.returncode for proc in procs] == [0, 0], [err[-1000:] for _, err in outs]
     folders = {line.rsplit("written to ", 1)[1] for out, _ in outs for line in out.splitlines() if "written to" in line}
     assert len(folders) == 2
+
+
+def test_a_sweep_gets_a_folder_of_its_own(tmp_path, recipe_cli):
+    start = datetime.now()
+    for seconds in range(60):  # another sweep holds every name this one could take in the next minute
+        name = "multirun-" + (start + timedelta(seconds=seconds)).strftime("%Y-%m-%d_%H-%M-%S")
+        (tmp_path / "runs" / "grpo" / name).mkdir(parents=True)
+    proc = recipe_cli("grpo", "-m", "actor_rollout_ref.rollout.n=1,2", "action=validate", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    written = sorted((tmp_path / "runs" / "grpo").glob("*/*/resolved_config.yaml"))
+    assert [(p.parent.parent.name.endswith("-1"), p.parent.name) for p in written] == [(True, "0"), (True, "1")]
+    assert (written[0].parent.parent / "sweep_results.json").is_file()
