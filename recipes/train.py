@@ -13,9 +13,12 @@ import os
 import sys
 from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from recipes.confdir import entry_command
 from recipes.console import LOG_NAME, verl_output_to_log
+from recipes.interrupt import EXIT_CODE, interrupted_lines, sigterm_as_interrupt
 from recipes.finalize import FinalRun
 from recipes.monitor import KL_KEYS, REWARD_KEYS, ProgressPrinter, first, plot_metrics, read_metrics
 from recipes.verl_ext import api as verl
@@ -62,10 +65,15 @@ def train_and_summarize(final: FinalRun) -> None:
     kl_band = next((b for b in bands_from_config(cfg) if b.name == "kl_mean"), None)
     kl_keys = kl_band.keys if kl_band is not None else KL_KEYS
     try:
-        with verl_output_to_log(run_dir / LOG_NAME, verbose) as term:
+        with sigterm_as_interrupt(), verl_output_to_log(run_dir / LOG_NAME, verbose) as term:
             with ProgressPrinter(metrics_path, total, out=term.say, kl_keys=kl_keys):
                 # monitoring bands; under stability=auto the rollback supervisor (recipes/verl_ext/stability)
                 supervise(writable(cfg), run_dir, run_verl, metrics_path, out=term.say)
+    except KeyboardInterrupt:
+        checkpoints = Path(str(cfg.trainer.default_local_dir))
+        for line in interrupted_lines(run_dir, checkpoints, rerun_command(cfg)):
+            print(line, file=sys.stderr)
+        sys.exit(EXIT_CODE)
     except Exception:
         if not verbose:  # what verl said last is in the log, not on the terminal
             print(f"training failed; the last lines of {run_dir / LOG_NAME}:\n{log_tail(run_dir / LOG_NAME)}",
@@ -73,6 +81,12 @@ def train_and_summarize(final: FinalRun) -> None:
         raise
     summarize(metrics_path, run_dir, title=f"{cfg.run.name}: {cfg.model.name}, {cfg.strategy.name}",
               kl_keys=kl_keys, kl_band=(kl_band.low, kl_band.high) if kl_band is not None else (None, None))
+
+
+def rerun_command(cfg: DictConfig) -> list[str]:
+    """The command line of this run, as Hydra received it (the embedded defaults it added included)."""
+    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    return [*entry_command(str(cfg.run.name)), *overrides]
 
 
 def log_tail(path: Path, lines: int = 30) -> str:

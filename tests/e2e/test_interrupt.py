@@ -1,0 +1,53 @@
+"""Ctrl-C while training: exit 130, no traceback, Ray ended, the last complete checkpoint named, and the printed
+resume command continues from it (step numbering and the KL controller's state carried on)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import checkout_env
+
+pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.slow]
+
+
+def _ray_processes() -> int:
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return sum(1 for line in out.splitlines() if line.startswith(("ray::", "raylet", "gcs_server")) or
+               "/ray/core/src/ray/" in line)
+
+
+def test_ctrl_c_stops_cleanly_and_the_resume_command_continues(tmp_path, recipe_cli):
+    command = [sys.executable, "-m", "recipes.grpo", "trainer.save_freq=2"]
+    proc = subprocess.Popen(command, cwd=tmp_path, env=checkout_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith("step 3/"):
+            proc.send_signal(signal.SIGINT)
+            break
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err + out and "KeyboardInterrupt" not in err
+    assert _ray_processes() == 0, "Ray or verl's workers outlived the interrupted run"
+    run_dir = next((tmp_path / "runs" / "grpo").glob("*/metrics.jsonl")).parent
+    lines = err.splitlines()
+    assert any(line.startswith("interrupted after step ") for line in lines)
+    assert f"last complete checkpoint: {run_dir}/checkpoints/global_step_2" in lines
+    resume = next(line for line in lines if line.startswith("resume from it (a new run folder): "))
+    argv = shlex.split(resume.split(": ", 1)[1])
+    assert argv[:3] == ["python", "-m", "recipes.grpo"] and "trainer.save_freq=2" in argv
+
+    resumed = recipe_cli("grpo", *argv[3:], "trainer.total_training_steps=4", cwd=tmp_path, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    folders = sorted(p.parent for p in (tmp_path / "runs" / "grpo").glob("*/metrics.jsonl") if p.parent != run_dir)
+    rows = [json.loads(line) for line in (folders[-1] / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [3, 4]
+    saved = json.loads((run_dir / "checkpoints" / "global_step_2" / "kl_control.json").read_text())["state"]
+    assert rows[0]["data"]["kl_control/loss_coef"] == saved["loss_coef"]
