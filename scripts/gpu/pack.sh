@@ -2,7 +2,7 @@
 # Build, on a CPU machine with PyPI access, the Python packages that a GPU machine without internet lacks for the
 # end-to-end recipe runs (scripts/gpu/run_h200_e2e.sh): one xz tarball of a site folder, under 64 MiB.
 #
-#   bash scripts/gpu/pack.sh            # -> .carry/site.tar.xz and .carry/MANIFEST.txt (.carry/ is git-ignored)
+#   bash scripts/gpu/pack.sh            # -> .gpu-packages/site.tar.xz and .gpu-packages/MANIFEST.txt (.gpu-packages/ is git-ignored)
 #   PACK_OUT=dir bash scripts/gpu/pack.sh
 #
 # What goes in (wheels for CPython 3.12 / manylinux x86-64, the GPU image's Python, at the versions of
@@ -18,8 +18,8 @@
 # image's own packages, used as they are there (docs/gpu_e2e.md lists the versions that differ from cpu.lock).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${PACK_OUT:-.carry}
-WORK=${PACK_WORK:-build/gpu-carry}
+OUT=${PACK_OUT:-.gpu-packages}
+WORK=${PACK_WORK:-build/gpu-packages}
 PY=${PYTHON:-python3}
 LOCK=requirements/cpu.lock
 mkdir -p "$OUT" "$WORK/wheels"

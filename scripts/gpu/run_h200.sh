@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The three GPU benchmarks in one go, as run for README.perf.md ("Performance on one H200").
+# The three GPU benchmarks in one go, as run for docs/performance.md ("On one H200").
 #
 #   bash scripts/gpu/run_h200.sh OUTDIR        # default OUTDIR: $OUT if set, else runs/gpu
 #   PARTS="dynamic" bash scripts/gpu/run_h200.sh OUTDIR   # only some of: handoff dynamic (default both)

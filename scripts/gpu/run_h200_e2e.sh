@@ -17,7 +17,7 @@
 #   qwen05b     GRPO with model=qwen2_5_0_5b (random weights of the shipped architecture) for speed
 #
 # Needs one CUDA GPU, torch and transformers. Where Ray, verl and the rest are missing (a GPU machine without
-# internet), scripts/gpu/pack.sh builds them on a CPU machine into .carry/site.tar.xz; copy it beside the checkout and
+# internet), scripts/gpu/pack.sh builds them on a CPU machine into .gpu-packages/site.tar.xz; copy it beside the checkout and
 # this script unpacks it to $E2E_WORK/site and puts it first on PYTHONPATH.
 #
 # OUTDIR gets: env.txt (GPU, driver, Python and package versions), e2e.log (every run's output), summary.json
@@ -46,8 +46,8 @@ read -r -a EXTRA_ARGS <<<"$EXTRA"
 mkdir -p "$WORK/runs" "$WORK/figures"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HYDRA_FULL_ERROR=1
 export KLPPO_DATA_DIR=${KLPPO_DATA_DIR:-$WORK/data}
-if ! $PY -c "import verl, ray, hydra" 2>/dev/null && [ -f .carry/site.tar.xz ]; then
-  [ -d "$WORK/site/verl" ] || xz -dc -T0 .carry/site.tar.xz | tar -xf - -C "$WORK"
+if ! $PY -c "import verl, ray, hydra" 2>/dev/null && [ -f .gpu-packages/site.tar.xz ]; then
+  [ -d "$WORK/site/verl" ] || xz -dc -T0 .gpu-packages/site.tar.xz | tar -xf - -C "$WORK"
   export PYTHONPATH=$WORK/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 else
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
