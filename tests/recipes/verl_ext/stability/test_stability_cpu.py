@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,7 @@ class Run:
     stdout: str
     stderr: str
     run_dir: Path
+    started: float
     rows: list[dict]
 
     def at(self, step: int) -> dict:
@@ -38,13 +40,14 @@ class Run:
 
 
 def train(recipe_cli, workdir: Path, *overrides: str, steps: int, save_freq: int) -> Run:
+    started = time.time()
     proc = recipe_cli("grpo", f"trainer.total_training_steps={steps}", f"trainer.save_freq={save_freq}", *overrides,
                       cwd=workdir, timeout=1500)
     folders = sorted((workdir / "runs" / "grpo").glob("*/metrics.jsonl"))
     if proc.returncode != 0 or not folders:
         pytest.fail(f"{overrides}: exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     rows = [json.loads(line) for line in folders[-1].read_text().splitlines()]
-    return Run(stdout=proc.stdout, stderr=proc.stderr, run_dir=folders[-1].parent, rows=rows)
+    return Run(stdout=proc.stdout, stderr=proc.stderr, run_dir=folders[-1].parent, started=started, rows=rows)
 
 
 @pytest.fixture(scope="module")
@@ -150,6 +153,7 @@ def test_a_planted_secret_appears_nowhere(rollback_run):
     leaked = [str(p) for p in rollback_run.run_dir.rglob("*") if p.is_file() and planted in p.read_bytes()]
     assert not leaked
     assert PLANTED not in rollback_run.stdout + rollback_run.stderr
-    ray_logs = [p for p in Path(tempfile.gettempdir(), "ray").glob("session_*/logs/*") if p.is_file()]
+    ray_logs = [p for p in Path(tempfile.gettempdir(), "ray").glob("session_*/logs/*")
+                if p.is_file() and p.stat().st_mtime >= rollback_run.started]  # this run's sessions
     assert ray_logs, "Ray's session logs were not found"
     assert not [str(p) for p in ray_logs if planted in p.read_bytes()]
