@@ -90,7 +90,8 @@ def test_kl_ppo_trains_the_critic_with_kl_in_the_reward(kl_ppo):
     assert all(loss > 0 for loss in kl_ppo.series("critic/vf_loss"))
     assert len(kl_ppo.series("critic/values/mean")) == 4
     penalty = kl_ppo.series("actor/reward_kl_penalty")
-    assert penalty[0] == pytest.approx(0, abs=1e-6) and penalty[-1] > 0, f"in-reward KL per step: {penalty}"
+    # the in-reward estimate (log-ratio, k1) is 0 at step 1 and a batch mean after: it can dip below 0 on one step
+    assert penalty[0] == pytest.approx(0, abs=1e-6) and max(penalty[1:]) > 1e-3, f"in-reward KL per step: {penalty}"
     assert_rollout_is_the_actor(kl_ppo)
 
 

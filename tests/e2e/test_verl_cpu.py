@@ -83,5 +83,6 @@ def test_kl_ppo_trains_the_critic_with_kl_to_the_reference(kl_ppo):
     assert len(kl_ppo.series("critic/values/mean")) == 4
     kl_loss, kl_penalty = kl_ppo.series("actor/kl_loss"), kl_ppo.series("actor/reward_kl_penalty")
     assert kl_loss[0] == pytest.approx(0, abs=1e-6), "step 1: the actor is the reference"
-    assert kl_loss[-1] > 1e-4 and kl_penalty[-1] > 1e-3, f"kl loss {kl_loss}, reward kl penalty {kl_penalty}"
+    # both grow from 0; the in-reward estimate (k1, a batch mean) can dip below 0 on one step
+    assert kl_loss[-1] > 1e-4 and max(kl_penalty[1:]) > 1e-3, f"kl loss {kl_loss}, reward kl penalty {kl_penalty}"
     assert_rollout_is_the_actor(kl_ppo)

@@ -124,6 +124,10 @@ class _CallbackLoader(importlib.abc.Loader):
         for callback in _after_import.pop(self._fullname, []):
             callback(module)
 
+    def __getattr__(self, name):
+        # everything else the wrapped loader offers (runpy's get_code for ``python -m <module>``, resources)
+        return getattr(self._loader, name)
+
 
 _FINDER = _AfterImportFinder()
 

@@ -497,3 +497,17 @@ def test_verls_task_runner_prints_the_config_redacted(capsys):
     out = capsys.readouterr().out
     assert "hunter2" not in out and ":pw@" not in out and "'***'" in out
     assert "'prompt_key': 'prompt'" in out and "'project_name': 'p'" in out
+
+
+def test_verls_own_cli_still_starts_with_the_plugin_loaded(tmp_path):
+    """``python -m verl.trainer.main_ppo`` runs its module through runpy (the loader's get_code), which the plugin's
+    import hook must pass through."""
+    import subprocess
+    import sys
+
+    from tests.conftest import checkout_env
+
+    proc = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", "--help"], cwd=tmp_path, env=checkout_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "main_ppo is powered by Hydra" in proc.stdout
