@@ -4,6 +4,7 @@ resume command continues from it (step numbering and the KL controller's state c
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import signal
 import subprocess
@@ -17,22 +18,24 @@ from tests.conftest import checkout_env
 pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.slow]
 
 
-def _ray_processes() -> list[str]:
+def _ray_sessions() -> set[str]:
+    """The Ray sessions whose raylet runs on this machine (a cluster another test started is one of them)."""
     out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if line.startswith(("ray::", "raylet", "gcs_server")) or
-            "/ray/core/src/ray/" in line]
+    return {m.group(1) for m in re.finditer(r"raylet\S*\s.*?--session-name=(\S+)", out)}
 
 
-def _ray_ends(within_s: float = 30.0) -> list[str]:
-    """Ray's processes left after ``within_s`` seconds (its raylet ends the workers after the driver has gone)."""
+def _sessions_left(before: set[str], within_s: float = 30.0) -> set[str]:
+    """The Ray sessions started since ``before`` still running after ``within_s`` s (a raylet that ends takes its
+    workers with it)."""
     deadline = time.monotonic() + within_s
-    while (left := _ray_processes()) and time.monotonic() < deadline:
+    while (left := _ray_sessions() - before) and time.monotonic() < deadline:
         time.sleep(0.5)
     return left
 
 
 def test_ctrl_c_stops_cleanly_and_the_resume_command_continues(tmp_path, recipe_cli):
     command = [sys.executable, "-m", "recipes.grpo", "trainer.save_freq=2"]
+    before = _ray_sessions()
     proc = subprocess.Popen(command, cwd=tmp_path, env=checkout_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     seen = []
@@ -44,7 +47,7 @@ def test_ctrl_c_stops_cleanly_and_the_resume_command_continues(tmp_path, recipe_
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err + out and "KeyboardInterrupt" not in err
-    assert not _ray_ends(), "Ray or verl's workers outlived the interrupted run"
+    assert not _sessions_left(before), "the interrupted run's Ray (and so verl's workers) outlived it"
     run_dir = next((tmp_path / "runs" / "grpo").glob("*/metrics.jsonl")).parent
     lines = err.splitlines()
     assert any(line.startswith("interrupted after step ") for line in lines)
