@@ -300,9 +300,13 @@ def test_the_extractor_sets_what_a_script_demands_and_skips_other_trainers():
     example = extractor.extract(demanding, "examples/x/a.sh", "c0ffee", "/home/user", "/home/user/verl")
     assert example.env == {"ROOT": "/path/to/ROOT"}
     assert example.overrides == ["actor_rollout_ref.model.path=/path/to/ROOT/m"]
-    other = "python3 -m verl.trainer.main_ppo --config-path=config --config-name=ppo_megatron_trainer a.b=1\n"
+    other = "python3 -m verl.trainer.main_ppo --config-path=config --config-name=my_trainer a.b=1\n"
     example = extractor.extract(other, "examples/x/b.sh", "c0ffee", "/home/user", "/home/user/verl")
-    assert example.skipped.startswith("--config-name=ppo_megatron_trainer") and example.overrides == ["a.b=1"]
+    assert example.skipped.startswith("--config-name=my_trainer") and example.overrides == ["a.b=1"]
+    # verl's ppo_megatron_trainer is taken (model_engine=megatron): the flag is kept as typed
+    megatron = "python3 -m verl.trainer.main_ppo --config-path=config --config-name=ppo_megatron_trainer a.b=1\n"
+    example = extractor.extract(megatron, "examples/x/c.sh", "c0ffee", "/home/user", "/home/user/verl")
+    assert example.overrides == ["--config-name=ppo_megatron_trainer", "a.b=1"]
 
 
 @pytest.mark.parametrize("source,strategy", [("examples/ppo_trainer/run_qwen3_8b_megatron.sh", "megatron"),
