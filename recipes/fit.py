@@ -286,28 +286,8 @@ def _layout_axes(base: Plan, free: bool) -> list[list[_Option]]:
     c, t, i = base.cluster, base.train, base.infer
     axes = []
     if base.settings.strategy == "megatron":
-        tp = []
-        for factor in FACTORS:
-            size = t.tp * factor
-            if size > c.gpus_per_node or c.world_size % (size * t.pp * t.cp):
-                continue
-            try:
-                train = replace(t, tp=size, dp=-1)
-            except LayoutError:
-                continue
-            tp.append(_Option((f"layout.train.tp={size}",), (c, train, i)))
-        axes.append(tp)
-    infer_tp = []
-    for factor in FACTORS:
-        size = i.tp * factor
-        if size > c.gpus_per_node or c.world_size % (size * i.pp):
-            continue
-        try:
-            infer = replace(i, tp=size, dp=-1)
-        except LayoutError:
-            continue
-        infer_tp.append(_Option((f"layout.infer.tp={size}",), (c, t, infer)))
-    axes.append(infer_tp)
+        axes.append(_wider_tp("layout.train.tp", t, t.pp * t.cp, c, lambda train: (c, train, i)))
+    axes.append(_wider_tp("layout.infer.tp", i, i.pp, c, lambda infer: (c, t, infer)))
     nodes = []
     for factor in FACTORS:
         try:
@@ -317,6 +297,22 @@ def _layout_axes(base: Plan, free: bool) -> list[list[_Option]]:
         nodes.append(_Option((f"cluster.nnodes={c.nnodes * factor}",), layout))
     axes.append(nodes)
     return [axis for axis in axes if axis]
+
+
+def _wider_tp(key: str, layout, ranks_beside_tp: int, cluster, layouts: Callable) -> list[_Option]:
+    """``layout`` (train or infer) at 2x and 4x its tp, dp derived again, where an engine stays inside a node and the
+    world divides ``tp * ranks_beside_tp``; ``layouts(wider)`` is the (cluster, train, infer) to plan."""
+    out = []
+    for factor in FACTORS:
+        size = layout.tp * factor
+        if size > cluster.gpus_per_node or cluster.world_size % (size * ranks_beside_tp):
+            continue
+        try:
+            wider = replace(layout, tp=size, dp=-1)
+        except LayoutError:
+            continue
+        out.append(_Option((f"{key}={size}",), layouts(wider)))
+    return out
 
 
 def suggest(base: Plan, *, layout_free: bool = True, admissible: Admissible | None = None, limit: int = 3,

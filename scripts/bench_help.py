@@ -12,22 +12,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def timed(command: list[str], cwd: str, env: dict[str, str]) -> float:
-    start = time.perf_counter()
-    proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    elapsed = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} exited {proc.returncode}:\n{proc.stderr[-2000:]}")
-    return elapsed
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_validate import timed  # noqa: E402 - the same timer as the validation benchmark
 
 
 def main(argv: list[str] | None = None) -> int:
