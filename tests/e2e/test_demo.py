@@ -3,24 +3,23 @@
 Asserted: the terminal shows at most 40 lines, the pack's own (verl's and Ray's output is in the run folder's
 verl.log); reward rises clearly while the KL to the reference stays inside its band on most steps, with the KL
 controller's coefficient moving; the run folder is complete; and the README's sample output has the lines this run
-printed (numbers, times, paths and the band warnings aside). ``KLPPO_UPDATE_README=1`` writes this run's output into the README instead.
+printed (numbers, times, paths and the band warnings aside; tests/readme.py). ``KLPPO_UPDATE_README=1`` writes this
+run's output into the README instead.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.checks import assert_rollout_is_the_actor, assert_weight_sync_through_the_resharder
+from tests.readme import check_block
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.slow]
 
-README = Path(__file__).resolve().parents[2] / "README.md"
 START, END = "<!-- demo output: tests/e2e/test_demo.py -->", "<!-- end of demo output -->"
 
 
@@ -88,22 +87,7 @@ def test_the_run_folder_is_complete(demo):
     assert (demo.run_dir / "resolved_config.yaml").is_file()
 
 
-def _shape(line: str) -> str:
-    """A line with its numbers, times and run folder names masked, and its column padding collapsed."""
-    return re.sub(r"\s+", " ", re.sub(r"[-+]?\d+(\.\d+)?(e[-+]?\d+)?", "N", line)).strip()
-
-
 def test_the_readme_shows_what_the_demo_prints(demo):
-    text = README.read_text()
-    head, rest = text.split(START, 1)
-    shown, tail = rest.split(END, 1)
-    lines = demo.transcript()
-    if os.environ.get("KLPPO_UPDATE_README") == "1":
-        README.write_text(f"{head}{START}\n```\n$ make demo            # = python -m recipes.grpo\n"
-                          + "\n".join(lines) + f"\n```\n{END}{tail}")
-        return
-    readme_lines = [line for line in shown.strip().splitlines() if line.strip() != "```" and not line.startswith("$ ")]
     # which steps leave a band differs from run to run (sampling): the band warnings are not compared
-    assert [_shape(x) for x in readme_lines if not x.startswith("band warning:")] == [
-        _shape(x) for x in lines if not x.startswith("band warning:")], (
-        "the README's demo output differs from what the demo prints; rerun this test with KLPPO_UPDATE_README=1")
+    check_block(START, END, ["$ make demo            # = python -m recipes.grpo"], demo.transcript(),
+                ignored=lambda line: line.startswith("band warning:"))

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import re
 from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+from tests.readme import check_block
+
 START, END = "<!-- sweep output: tests/recipes/test_sweep.py -->", "<!-- end of sweep output -->"
 COMMAND = ["-m", "actor_rollout_ref.rollout.n=0,2", "action=validate"]
 
@@ -35,25 +34,11 @@ def test_a_bad_job_is_reported_and_the_next_one_runs(tmp_path, recipe_cli):
     _compare_with_readme(proc.stdout.splitlines(), tmp_path)
 
 
-def _shape(line: str) -> str:
-    return re.sub(r"\s+", " ", re.sub(r"\d+", "N", line)).strip()
-
-
 def _compare_with_readme(stdout_lines: list[str], workdir: Path) -> None:
-    """The README's local-sweep sample is this run's summary (numbers and folders masked);
-    KLPPO_UPDATE_README=1 writes it."""
+    """The README's local-sweep sample is this run's summary (numbers and folders masked)."""
     start = next(i for i, line in enumerate(stdout_lines) if line.startswith("sweep: "))
     lines = [line.replace(f"{workdir}/", "") for line in stdout_lines[start:] if line.strip()]
-    head, rest = README.read_text().split(START, 1)
-    shown, tail = rest.split(END, 1)
-    if os.environ.get("KLPPO_UPDATE_README") == "1":
-        command = " ".join(["python -m recipes.grpo", *COMMAND])
-        README.write_text(f"{head}{START}\n```\n$ {command}\n...\n" + "\n".join(lines) + f"\n```\n{END}{tail}")
-        return
-    readme_lines = [line for line in shown.strip().splitlines()
-                    if line.strip() not in ("```", "...") and not line.startswith("$ ")]
-    assert [_shape(x) for x in readme_lines] == [_shape(x) for x in lines], (
-        "the README's sweep output differs from what the sweep prints; rerun with KLPPO_UPDATE_README=1")
+    check_block(START, END, [f"$ {' '.join(['python -m recipes.grpo', *COMMAND])}", "..."], lines)
 
 
 @pytest.mark.e2e
