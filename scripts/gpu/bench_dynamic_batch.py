@@ -45,22 +45,45 @@ from _common import environment, gib, pct_error, pick_device, sync, write_json  
 from hybrid_engine.model_spec import MODEL_CONFIG_DIR  # noqa: E402
 
 ARMS = ("fixed", "dynamic")
-LOGPROB_CHUNK = 4096
+LOGPROB_CHUNK = 512
 
 
-def chunked_logprobs(logits: torch.Tensor, labels: torch.Tensor, inplace_backward: bool = False) -> torch.Tensor:
-    """log p(label) from logits, ``LOGPROB_CHUNK`` rows at a time in fp32 (logsumexp + gather): what flash-attn's
-    fused Triton cross-entropy (``verl.utils.torch_functional.logprobs_from_logits_flash_attn``) computes. Without
-    flash-attn, verl falls back to ``logprobs_from_logits_v2``, a Python loop over every row: on packed (total, vocab)
-    logits that is one log_softmax launch per token, which then dominates both arms."""
+class _ChunkedLogProbs(torch.autograd.Function):
+    """log p(label) = logit[label] - logsumexp(logits), ``LOGPROB_CHUNK`` rows at a time in fp32, with the backward
+    written in place into the logits' own storage: the memory behaviour of flash-attn's Triton cross-entropy with
+    ``inplace_backward=True`` (what verl calls), so no copy of the (tokens, vocab) logits is kept for backward; the only
+    extra memory is one chunk's fp32 rows and their exponentials (2 * LOGPROB_CHUNK * vocab * 4 bytes, transient)."""
+
+    @staticmethod
+    def forward(ctx, flat: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        lse = torch.empty(flat.shape[0], dtype=torch.float32, device=flat.device)
+        picked = flat.gather(-1, labels[:, None]).squeeze(-1).float()
+        for start in range(0, flat.shape[0], LOGPROB_CHUNK):
+            lse[start : start + LOGPROB_CHUNK] = torch.logsumexp(flat[start : start + LOGPROB_CHUNK].float(), dim=-1)
+        ctx.save_for_backward(flat, labels, lse)
+        return picked - lse
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        flat, labels, lse = ctx.saved_tensors
+        for start in range(0, flat.shape[0], LOGPROB_CHUNK):
+            rows = flat[start : start + LOGPROB_CHUNK]
+            g = grad[start : start + LOGPROB_CHUNK, None].float()
+            probs = torch.exp(rows.float() - lse[start : start + LOGPROB_CHUNK, None])
+            # d(logit[label] - lse)/d logits = onehot - softmax
+            rows.copy_(-probs * g)
+            rows.scatter_add_(-1, labels[start : start + LOGPROB_CHUNK, None], g.to(rows.dtype))
+        return flat, None
+
+
+def chunked_logprobs(logits: torch.Tensor, labels: torch.Tensor, inplace_backward: bool = True) -> torch.Tensor:
+    """What flash-attn's fused Triton cross-entropy (``verl.utils.torch_functional.logprobs_from_logits_flash_attn``)
+    computes, with its memory behaviour (``_ChunkedLogProbs``). Without flash-attn, verl falls back to
+    ``logprobs_from_logits_v2``, a Python loop over every row: on packed (total, vocab) logits that is one log_softmax
+    launch per token, which then dominates both arms."""
     vocab = logits.shape[-1]
-    flat, flat_labels = logits.reshape(-1, vocab), labels.reshape(-1)
-    out = []
-    for start in range(0, flat.shape[0], LOGPROB_CHUNK):
-        rows = flat[start : start + LOGPROB_CHUNK].float()
-        picked = rows.gather(-1, flat_labels[start : start + LOGPROB_CHUNK, None]).squeeze(-1)
-        out.append(picked - torch.logsumexp(rows, dim=-1))
-    return torch.cat(out).view(labels.shape)
+    out = _ChunkedLogProbs.apply(logits.reshape(-1, vocab), labels.reshape(-1))
+    return out.view(labels.shape)
 
 
 def patch_logprobs() -> str:
@@ -72,7 +95,10 @@ def patch_logprobs() -> str:
         return "flash-attn cross-entropy (verl's own)"
     verl_F.logprobs_from_logits = chunked_logprobs
     impl.logprobs_from_logits = chunked_logprobs
-    return f"chunked fp32 logsumexp + gather, {LOGPROB_CHUNK} rows a chunk (substitute for flash-attn's fused CE)"
+    return (
+        f"chunked fp32 logsumexp + gather, {LOGPROB_CHUNK} rows a chunk, backward in place "
+        "(substitute for flash-attn's fused CE with inplace_backward)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -339,7 +365,8 @@ def run_arm(arm: str, model_dir: Path, device: torch.device, args: argparse.Name
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def run(args: argparse.Namespace) -> dict:
+def prepare_process(args: argparse.Namespace) -> torch.device:
+    """World-size-1 environment for verl's worker, the varlen attention kernel, the log-prob substitute (printed)."""
     device = pick_device(args.device)
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("LOCAL_RANK", "0")
@@ -353,10 +380,18 @@ def run(args: argparse.Namespace) -> dict:
     kernel = varlen_attention.register()
     if device.type != "cuda":
         kernel = "sdpa per sequence (CPU)"
-    attention_check = varlen_attention.self_check(device)
-    print(f"attention self-check: {attention_check}")
-    logprobs = patch_logprobs() if args.fused_logprobs else "verl's fallback (logprobs_from_logits_v2, a row loop)"
-    print(f"log-probs: {logprobs}")
+    args.attention_kernel = kernel
+    args.attention_check = varlen_attention.self_check(device)
+    print(f"attention self-check: {args.attention_check}")
+    fused = getattr(args, "fused_logprobs", True)
+    args.logprobs = patch_logprobs() if fused else "verl's fallback (logprobs_from_logits_v2, a row loop)"
+    print(f"log-probs: {args.logprobs}")
+    return device
+
+
+def run(args: argparse.Namespace) -> dict:
+    device = prepare_process(args)
+    kernel, attention_check, logprobs = args.attention_kernel, args.attention_check, args.logprobs
     model_dir = make_model_dir(args.model, Path(args.model_dir or f"/tmp/pack_bench_{args.model}"), device, args.seed)
     prompt_len, response_len = lengths(args.batch, args, args.seed)
     total = prompt_len + response_len
