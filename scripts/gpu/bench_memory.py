@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_dynamic_batch as bdb  # noqa: E402
-from _common import environment, pick_device, sync, write_json  # noqa: E402
+from _common import environment, sync, write_json  # noqa: E402
 
 BUDGET_FACTORS = (3, 8, 16)
 
@@ -193,7 +193,7 @@ def run_row(name: str, extra: list[str], model_dir: Path, device, args, log: Mic
     if timing:
         row["log_prob_entropy_2"] = measured(log_prob, True)
         row["update_2"] = measured(update)
-    del worker
+    worker = None  # noqa: F841 - frees the model before the next row
     return row
 
 
