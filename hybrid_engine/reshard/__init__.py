@@ -5,6 +5,8 @@
 - ``exchange``: the exchange plan (who sends which box to whom) of each scheme, computed alike on every rank.
 - ``packing``: the local copies around the collectives: cells packed into and unpacked from flat buffers, the
   generation outputs (views of the rank's own storage where they can be).
+- ``program``: the executor's copy program of one bucket (views and fused strided copies, compiled once per
+  layout, replayed with one batched copy).
 - ``executor``: ``Resharder`` runs it with all-gathers / all-to-alls and streams ``(hf_name, tensor)``;
   ``stream_to_feeders`` / ``rollout_weight_stream`` are the weight hand-off for a rollout fed by one rank per
   replica (verl's colocated CPU ``hf`` rollout).

@@ -3,11 +3,13 @@
 ``Resharder(spec, groups, scheme)`` is built on every rank (collectively: it creates the process groups the scheme
 needs, the same on all ranks). ``stream(shards)`` walks the model in buckets; for each bucket it runs the scheme's
 steps (``exchange.Scheme``): generation tensors are views of the rank's own storage where they can be, else new
-tensors with the rank's own part copied in; then one all-gather per group (into one flat buffer whose own slot the
-rank packs in place, or straight into the generation tensor when the slots are its equal slices; a broadcast when
-only one member contributes) and, where the plan has any, point-to-point sends; then it yields ``(hf_name, tensor)``
-and drops its references. Every rank must exhaust the stream, also a rank that yields nothing (the collectives run
-inside it).
+tensors with the rank's own part copied in (``program``: compiled once per bucket, step and storage layout, replayed
+with one strided view per region and one batched copy per bucket); then one all-gather per group (into one flat
+buffer whose own slot the rank packs in place, or straight into the generation tensor when the slots are its equal
+slices; a broadcast when only one member contributes) and, where the plan has any, point-to-point sends; then it
+yields ``(hf_name, tensor)`` and drops its references. Every rank must exhaust the stream, also a rank that yields
+nothing (the collectives run inside it). ``load_into(shards, targets)`` is the same walk ending in one batched copy
+per bucket into tensors the caller holds (an engine's own parameters).
 
 Uneven contributions travel in equal padded slots (gloo has no uneven all-gather); ``stats.received_bytes`` counts
 the payload (equal to the planner's bytes), ``stats.wire_bytes`` the padded slots. The backend is whatever
@@ -17,6 +19,7 @@ torch.distributed was initialised with: gloo on CPU tensors, NCCL on CUDA tensor
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 
 import torch
@@ -26,8 +29,9 @@ from hybrid_engine.groups import HybridGroups, hybrid_groups
 from hybrid_engine.layout import InferLayout, TrainLayout
 from hybrid_engine.model_spec import ModelSpec
 from hybrid_engine.reshard.exchange import Exchange, Gather, Scheme, make_buckets
-from hybrid_engine.reshard.packing import allocate_outputs, pack_cells, unpack_cells
-from hybrid_engine.reshard.shards import LocalShards, contains, fsdp_shards_from_state_dict, unique_tensors
+from hybrid_engine.reshard.packing import pack_cells, unpack_cells
+from hybrid_engine.reshard.program import BucketProgram, compile_bucket, foreach_copy
+from hybrid_engine.reshard.shards import LocalShards, box_shape, contains, fsdp_shards_from_state_dict, unique_tensors
 from hybrid_engine.reshard.stats import MemoryTracker, PlannedBytes, ReshardStats, planned_bytes
 
 __all__ = [
@@ -94,7 +98,10 @@ class Resharder:
         self.stats: ReshardStats | None = None
         self._p2p_cache: dict[int, tuple] = {}
         self._buckets: dict[int, list[tuple[str, ...]]] = {}  # element size -> buckets
-        self._programs: dict = {}  # allocate_outputs' compiled box arithmetic, per (step, bucket, sources layout)
+        self._programs: dict[tuple, BucketProgram] = {}  # per (element size, bucket, step, layout token)
+        self._layouts: dict[int, tuple[weakref.ref, int]] = {}  # id(shards) -> (the shards, layout token)
+        self._signatures: dict[tuple, int] = {}  # segments of a layout -> its token
+        self._shapes: dict[str, tuple[int, ...]] | None = None
         _create_process_groups(self.scheme.all_groups())
 
     @property
@@ -121,9 +128,36 @@ class Resharder:
     # -- the stream ----------------------------------------------------------------------------------------------------
     def stream(self, shards: LocalShards) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield ``(hf_name, generation tensor)`` bucket by bucket; see the module docstring."""
+        for items in self._bucket_stream(shards):
+            items.reverse()
+            while items:
+                yield items.pop()
+
+    def load_into(self, shards: LocalShards, targets: Mapping[str, torch.Tensor]) -> None:
+        """Copy this rank's generation tensors into ``targets`` (HF name -> a tensor of the generation shard's shape,
+        such as an engine's own parameters), one batched copy per bucket: the hand-off into an engine whose weights
+        are in reach. Names or shapes that differ from the generation shard's raise before anything moves."""
+        expected = self._final_shapes()
+        missing = sorted(set(expected) - set(targets))
+        if missing:
+            raise KeyError(f"rank {self.rank}: the targets lack {len(missing)} generation tensors: {missing[:5]}")
+        wrong = [(n, tuple(targets[n].shape), s) for n, s in expected.items() if tuple(targets[n].shape) != s]
+        if wrong:
+            raise ValueError(f"rank {self.rank}: target shapes differ (name, target, generation shard): {wrong[:3]}")
+        for items in self._bucket_stream(shards):
+            with torch.no_grad():
+                foreach_copy([targets[name] for name, _ in items], [tensor for _, tensor in items])
+
+    def _final_shapes(self) -> dict[str, tuple[int, ...]]:
+        if self._shapes is None:
+            self._shapes = {name: box_shape(self.target_box(name)) for name in self.scheme.final_names(self.rank)}
+        return self._shapes
+
+    def _bucket_stream(self, shards: LocalShards) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """The generation tensors of each bucket, as a list, after the bucket's collectives."""
         self._check(shards)
         dtype, device = shards.dtype, shards.device
-        element_size = torch.empty((), dtype=dtype).element_size()
+        element_size = dtype.itemsize
         stats = ReshardStats(scheme=self.scheme.name, rank=self.rank)
         self.stats = stats
         for step in self.scheme.steps:
@@ -135,8 +169,9 @@ class Resharder:
                 self.spec, self.bucket_bytes, element_size, self.scheme.pipeline_stages
             )
         buckets = self._buckets[element_size]
+        layout = self._layout_token(shards)
         stats.buckets = len(buckets)
-        for bucket in buckets:
+        for number, bucket in enumerate(buckets):
             allocated = 0
             final: dict[str, torch.Tensor] = {}
             previous = shards
@@ -146,9 +181,8 @@ class Resharder:
                 exchange = self.scheme.exchange(index, self.rank, bucket)
                 toc = time.perf_counter()
                 stats.plan_s += toc - tic
-                outputs, nbytes = allocate_outputs(
-                    self.scheme, index, self.rank, bucket, sources, dtype, device, self._programs
-                )
+                program = self._program((element_size, number, index, layout), index, bucket, sources)
+                outputs, nbytes = program.run(sources, dtype, device)
                 memory.alloc(nbytes)
                 allocated += nbytes
                 stats.phase(step.phase).assemble_s += time.perf_counter() - toc
@@ -159,19 +193,37 @@ class Resharder:
                 if step.final:
                     final.update(outputs.storage)
                 previous = outputs
+            items = [(name, final.pop(name)) for name in bucket if name in final]
+            for _, tensor in items:
+                stats.generation_bytes += tensor.numel() * element_size
+            stats.tensors += len(items)
             stats.seconds += time.perf_counter() - started
-            for name in bucket:
-                if name in final:
-                    tensor = final.pop(name)
-                    stats.generation_bytes += tensor.numel() * tensor.element_size()
-                    stats.tensors += 1
-                    yield name, tensor
-            started = time.perf_counter()
             del final, previous, outputs
+            yield items
+            started = time.perf_counter()
             memory.free(allocated)
         stats.seconds += time.perf_counter() - started
         stats.peak_extra_bytes = memory.peak
         stats.peak_cuda_bytes = memory.cuda_peak()
+
+    def _layout_token(self, shards: LocalShards) -> int:
+        """A number for the storage layout of ``shards`` (its segments), worked out once per shards object."""
+        entry = self._layouts.get(id(shards))
+        if entry is not None and entry[0]() is shards:
+            return entry[1]
+        signature = tuple((name, tuple(segments)) for name, segments in shards.segments.items())
+        token = self._signatures.setdefault(signature, len(self._signatures))
+        if len(self._layouts) > 64:  # shards objects of earlier switches, gone
+            self._layouts = {key: value for key, value in self._layouts.items() if value[0]() is not None}
+        self._layouts[id(shards)] = (weakref.ref(shards), token)
+        return token
+
+    def _program(self, key: tuple, step: int, bucket: tuple[str, ...], sources: LocalShards) -> BucketProgram:
+        """The compiled outputs of (step, bucket) for this layout; compiled again if the storage's strides moved."""
+        program = self._programs.get(key)
+        if program is None or not program.matches(sources):
+            program = self._programs[key] = compile_bucket(self.scheme, step, self.rank, bucket, sources)
+        return program
 
     def _check(self, shards: LocalShards) -> None:
         if shards.rank != self.rank:
