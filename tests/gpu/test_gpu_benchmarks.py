@@ -100,12 +100,14 @@ def test_plan_accuracy_table(tmp_path):
 def test_handoff_benchmark_runs_and_verifies_on_a_toy_shape(tmp_path):
     out = tmp_path / "handoff.json"
     args = ["--model", "qwen2_5_0_5b_reduced", "--device", "cpu", "--repeat", "1", "--warmup", "0"]
-    args += ["--bandwidth-gib", "0.02", "--schemes", "copy_floor,pack,pack_stream_only,verl_bf16", "--json", str(out)]
+    schemes = "copy_floor,pack,pack_into,foreach_copy,verl_bf16"
+    args += ["--bandwidth-gib", "0.02", "--schemes", schemes, "--json", str(out)]
     run = subprocess.run([sys.executable, str(SCRIPTS / "bench_handoff.py"), *args], capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     result = json.loads(out.read_text())
     assert result["verified"] is True
-    assert set(result["schemes"]) == {"copy_floor", "pack", "pack_stream_only", "verl_bf16"}
+    assert set(result["schemes"]) == {"copy_floor", "pack", "pack_into", "foreach_copy", "verl_bf16"}
+    assert result["schemes"]["pack_into"]["mismatched"] == [] and result["schemes"]["foreach_copy"]["mismatched"] == []
     pack = result["schemes"]["pack"]
     assert pack["bytes_read"] == pack["bytes_written"] == result["model_bytes"]  # tp1: the shards are the model
     assert pack["executor_stats"]["received_bytes"] == 0  # world size 1: nothing crosses a link
