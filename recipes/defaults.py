@@ -11,7 +11,7 @@ overrides from there too.
 from __future__ import annotations
 
 from recipes.layout_keys import LAYOUT_FED_KEYS
-from recipes.overrides import chosen_keys, override_key
+from recipes.overrides import chosen_keys, override_key, override_value
 
 # Groups that make the embedded CPU default; each is added only when the user did not choose it.
 EMBEDDED_DEFAULTS = {"parallel": "cpu", "cluster": "cpu", "rollout": "hf", "model": "tiny", "task": "tiny",
@@ -37,6 +37,8 @@ def chooses_layout(argv: list[str]) -> bool:
     if chosen_keys(argv) & set(GPU_INTENT):
         return True
     typed = {override_key(arg) for arg in argv if not arg.startswith("~")}
+    if any(override_key(arg) == "plan.solve" and override_value(arg).strip().lower() == "true" for arg in argv):
+        return True  # the layout search (recipes/solve.py) chooses a GPU layout for the chosen cluster
     return bool(typed & set(GPU_INTENT_KEYS))
 
 

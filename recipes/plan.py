@@ -92,6 +92,10 @@ def run_plan(checked, out=sys.stdout) -> int:
             print(f"config error: {line}", file=sys.stderr)
         return 2
     fmt = keys.format
+    if keys.solve:
+        from recipes.solve import run_solve  # lazy: the search loads only when asked for
+
+        return run_solve(checked, fmt, plan.settings, plan.cluster, out)
     for problem in checked.problems:
         if problem not in plan.errors:
             plan.errors.append(problem)

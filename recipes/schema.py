@@ -396,6 +396,9 @@ class Plan(_Checked):
     """table: for people | json: for machines"""
     picture: str | None = None
     """a PNG or SVG path for the rank grid; None: no picture"""
+    solve: bool = False
+    """true: search the layouts (strategy, parallel sizes, offload, token budgets, rollout share) and print the five
+    fastest that fit, each with the command that runs it (recipes/solve.py); false: plan the configured layout"""
 
 
 @dataclass(kw_only=True, slots=True)
