@@ -1,10 +1,10 @@
 """Ctrl-C (SIGINT) or SIGTERM while training: a clean stop that says what was kept and how to go on.
 
 verl's trainer and Ray are ended (``recipes.train.run_verl`` shuts Ray down on the way out), no traceback is printed,
-and the terminal gets: the last step logged, the last complete checkpoint (verl's own tracker,
-``latest_checkpointed_iteration.txt``, which verl writes after the checkpoint), and the command that resumes from it
-into a new run folder (verl's ``trainer.resume_mode=resume_path``; the KL controller's state is restored from the
-checkpoint too). Exit code 130, as a shell gives an interrupted command.
+and the terminal gets: the last step logged, the last complete checkpoint (the pack's completeness marker,
+:mod:`recipes.checkpoints`), and the command that continues the run in its own folder from it (``run.resume=``,
+:mod:`recipes.resume`: the same step numbering, the KL controller's state, metrics appended). Exit code 130, as a
+shell gives an interrupted command.
 """
 
 from __future__ import annotations
@@ -14,10 +14,12 @@ import shlex
 import signal
 from pathlib import Path
 
+from recipes import checkpoints as ckpt
 from recipes.monitor import read_metrics
 
 EXIT_CODE = 130
-TRACKER = "latest_checkpointed_iteration.txt"
+# typed for the interrupted launch; the resume command chooses its own
+RESUME_KEYS = ("run.resume=", "trainer.resume_mode=", "trainer.resume_from_path=")
 
 
 @contextlib.contextmanager
@@ -35,14 +37,15 @@ def sigterm_as_interrupt():
 
 
 def last_checkpoint(checkpoints: Path) -> Path | None:
-    """The last complete checkpoint folder under ``checkpoints`` (verl's tracker names it), or None."""
-    tracker = Path(checkpoints) / TRACKER
-    try:
-        step = int(tracker.read_text().strip())
-    except (OSError, ValueError):
-        return None
-    folder = Path(checkpoints) / f"global_step_{step}"
-    return folder if folder.is_dir() else None
+    """The last complete checkpoint folder under ``checkpoints``, or None."""
+    latest = ckpt.scan(checkpoints).latest
+    return latest[1] if latest else None
+
+
+def resume_command(command: list[str], run_dir: Path) -> list[str]:
+    """``command`` continued in ``run_dir``: its resume keys replaced by ``run.resume=<run_dir>``."""
+    kept = [arg for arg in command if not arg.lstrip("+").startswith(RESUME_KEYS)]
+    return [*kept, f"run.resume={run_dir}"]
 
 
 def interrupted_lines(run_dir: Path, checkpoints: Path, command: list[str]) -> list[str]:
@@ -54,7 +57,6 @@ def interrupted_lines(run_dir: Path, checkpoints: Path, command: list[str]) -> l
     if kept is None:
         lines.append("no complete checkpoint yet (trainer.save_freq sets how often one is written)")
         return lines
-    resume = [*command, "trainer.resume_mode=resume_path", f"trainer.resume_from_path={kept}"]
     lines.append(f"last complete checkpoint: {kept}")
-    lines.append(f"resume from it (a new run folder): {shlex.join(resume)}")
+    lines.append(f"resume in the same folder: {shlex.join(resume_command(command, run_dir))}")
     return lines

@@ -36,7 +36,8 @@ from recipes.help import SCRIPTS, help_topic, print_help
 from recipes.overrides import has_hydra_flags
 from recipes.ray_jobs import preflight, submit_from_hydra
 from recipes.resolvers import register_resolvers
-from recipes.rundir import Reservation, release, reserve
+from recipes.resume import plan_resume
+from recipes.rundir import Reservation, refuse_location, release, reserve
 from recipes.sweep import job_result
 from recipes.validate import ValidatedRun, check, validate
 
@@ -143,17 +144,47 @@ def pin_run_dir(cfg: DictConfig) -> Reservation | None:
     """Fix this run's folder now (``hydra.run.dir`` holds ``${now:...}``), so ``run.dir`` resolves to it during
     validation and the job writes exactly there. The recipe's own folder name is reserved (created exclusively, a
     suffix when another run took it in the same second); a ``hydra.run.dir=`` typed on the command line is used as
-    it is (the Ray Jobs launcher points each job at its folder), and None is returned."""
+    it is (the Ray Jobs launcher points each job at its folder), and None is returned. A folder outside run.root or
+    an unwritable run.root is a ConfigError before anything is created; ``run.resume=`` continues that folder."""
+    if OmegaConf.select(cfg, "run.resume"):
+        return pin_resumed(cfg)
     run_dir = os.path.abspath(str(OmegaConf.select(cfg, "hydra.run.dir")))
     typed = any(str(o).lstrip("+").startswith("hydra.run.dir=") for o in cfg.hydra.overrides.hydra)
-    reservation = None if typed else reserve(run_dir)
-    if reservation is not None:
+    reservation = None
+    if not typed:
+        root = str(OmegaConf.select(cfg, "run.root"))
+        refuse_location(root, run_dir, str(OmegaConf.select(cfg, "run.name")))
+        try:
+            reservation = reserve(run_dir)
+        except OSError as error:
+            raise ConfigError(f"run.root={root}: cannot create the run folder {run_dir}: {error.strerror}") from None
         run_dir = str(reservation.path)
+    set_run_dir(cfg, run_dir)
+    return reservation
+
+
+def pin_resumed(cfg: DictConfig) -> Reservation:
+    """``run.resume=<folder>``: the run folder is that one, verl resumes from its last complete checkpoint
+    (recipes.resume), and this launch's record folder (``resume_<n>/``) is reserved."""
+    typed_path = any(str(o).lstrip("+").startswith("trainer.resume_from_path=") for o in cfg.hydra.overrides.task)
+    resume = plan_resume(str(OmegaConf.select(cfg, "run.resume")),
+                         stability_auto=OmegaConf.select(cfg, "stability.mode") == "auto",
+                         chosen=str(OmegaConf.select(cfg, "trainer.resume_from_path")) if typed_path else None)
+    for line in resume.notices:
+        print(line, file=sys.stderr)
+    with read_write(cfg), open_dict(cfg):
+        OmegaConf.update(cfg, "run.record_dir", str(resume.record_dir))
+        OmegaConf.update(cfg, "trainer.resume_mode", "resume_path")
+        OmegaConf.update(cfg, "trainer.resume_from_path", str(resume.checkpoint))
+    set_run_dir(cfg, str(resume.folder))
+    return Reservation(resume.record_dir, (resume.record_dir,))
+
+
+def set_run_dir(cfg: DictConfig, run_dir: str) -> None:
     with read_write(cfg.hydra), open_dict(cfg.hydra):
         cfg.hydra.run.dir = run_dir
         cfg.hydra.runtime.output_dir = run_dir
     HydraConfig.instance().set_config(cfg)
-    return reservation
 
 
 def task_config(cfg: DictConfig) -> DictConfig:
@@ -208,7 +239,8 @@ def perform(run: ValidatedRun) -> None:
     for note in final.notes:
         print(note, file=sys.stderr)
     run_dir.mkdir(parents=True, exist_ok=True)
-    for line in write_record(run_dir, final.cfg, final.workers, recipe_name(), hydra_overrides()):
+    record_dir = Path(str(run.cfg.run.record_dir)) if run.cfg.run.get("record_dir") else run_dir
+    for line in write_record(record_dir, final.cfg, final.workers, recipe_name(), hydra_overrides()):
         print(line, file=sys.stderr)
     if action == "plan":
         from recipes.plan import run_plan  # lazy: matplotlib and the planner load only for a plan
@@ -219,7 +251,7 @@ def perform(run: ValidatedRun) -> None:
         return
     if action == "validate":
         print(f"config OK: {describe(run)}")
-        print(f"resolved verl config written to {run_dir / 'resolved_config.yaml'}")
+        print(f"resolved verl config written to {record_dir / 'resolved_config.yaml'}")
         return
     if OmegaConf.select(final.cfg, "launcher.name") == "ray":
         # a Ray Job on an existing cluster runs this same flow there (launcher=local); its exit code is ours

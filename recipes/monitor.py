@@ -10,9 +10,12 @@ the KL guard stopped says so.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
+
+from recipes.records import WriteFailed, replace_from
 
 REWARD_KEYS = ("critic/score/mean", "critic/rewards/mean")
 # the KL to the reference policy: loss-side (GRPO, use_kl_loss) or in-reward (KL-PPO, use_kl_in_reward); the default
@@ -84,6 +87,7 @@ class ProgressPrinter:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self):
+        self._seen = len(read_metrics(self.path))  # a resumed run's earlier steps were shown when they ran
         self._thread.start()
         return self
 
@@ -94,6 +98,7 @@ class ProgressPrinter:
 
     def _flush(self):
         rows = read_metrics(self.path)
+        self._seen = min(self._seen, len(rows))  # a rollback moved the rows after its checkpoint aside
         for step, metrics in rows[self._seen:]:
             self.out(progress_line(step, self.total, metrics, self.kl_keys))
         self._seen = len(rows)
@@ -132,9 +137,15 @@ def plot_metrics(metrics_path: Path, png_path: Path, title: str = "", kl_keys: t
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(png_path, dpi=110)
-    plt.close(fig)
-    return png_path
+    tmp = Path(png_path).with_name(f".{Path(png_path).name}.tmp-{os.getpid()}.png")
+    try:
+        fig.savefig(tmp, dpi=110)  # written aside, then renamed: a reader never sees half a picture
+    except OSError as error:
+        tmp.unlink(missing_ok=True)
+        raise WriteFailed(Path(png_path), error) from None
+    finally:
+        plt.close(fig)
+    return replace_from(tmp, png_path)
 
 
 def _draw_kl_band(ax, rows: list[tuple[int, dict]], band: tuple[float | None, float | None]) -> None:

@@ -3,7 +3,8 @@
 The folder name holds the time to the second (``runs/grpo/2026-12-01_12-40-25``). :func:`reserve` creates it with
 ``os.mkdir`` (atomic: exactly one process wins); a name already taken gets the next free suffix (``..._12-40-25-1``).
 :func:`release` removes what a reservation created when the run does not go ahead (a config error), so a bad input
-leaves no folder behind.
+leaves no folder behind. :func:`refuse_location` checks, before anything is created, that the folder stays inside
+``run.root`` and that ``run.root`` can be written.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from recipes.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,23 @@ def reserve(path: str | os.PathLike, attempts: int = 1000) -> Reservation:
             continue
         return Reservation(candidate, (*created, candidate))
     raise FileExistsError(f"{path}: {attempts} run folders of this name exist")
+
+
+def refuse_location(root: str | os.PathLike, path: str | os.PathLike, name: str) -> None:
+    """ConfigError when the run folder ``path`` escapes ``root`` (``run.name=../..``) or ``root`` cannot be
+    written; nothing is created."""
+    root_abs, path_abs = Path(os.path.abspath(root)), Path(os.path.abspath(path))
+    if root_abs != path_abs and root_abs not in path_abs.parents:
+        raise ConfigError(f"run.name={name}: the run folder {path_abs} is outside run.root ({root_abs}); a run "
+                          "name is a folder name under run.root, without '..'")
+    existing = root_abs
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"run.root={root}: cannot create run folders under it: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"run.root={root}: cannot create run folders under it: {existing} is not writable by "
+                          "this user")
 
 
 def release(reservation: Reservation) -> None:

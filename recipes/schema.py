@@ -379,6 +379,12 @@ class Run(_Checked):
     verbose: bool = False
     """show verl's and Ray's own output on the terminal while training (it always goes to the run folder's
     verl.log)"""
+    resume: str | None = None
+    """a run folder to continue in place (its last complete checkpoint, same step numbering, metrics appended);
+    None: a new run folder"""
+    record_dir: str | None = None
+    """where this launch's record goes (set when the recipe runs: the run folder, or its resume_<n>/ under
+    run.resume)"""
     allow_overcommit: bool = False
     """go on when the planned peak memory per GPU exceeds cluster.gpu.memory_gib: a warning instead of the error
     (recipes.fit; the planner's memory model is an estimate, for experts who know better)"""

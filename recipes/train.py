@@ -16,11 +16,14 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from recipes.checkpoints import step_of
 from recipes.confdir import entry_command
 from recipes.console import LOG_NAME, verl_output_to_log
-from recipes.interrupt import EXIT_CODE, interrupted_lines, sigterm_as_interrupt
 from recipes.finalize import FinalRun
+from recipes.interrupt import EXIT_CODE, interrupted_lines, sigterm_as_interrupt
 from recipes.monitor import KL_KEYS, REWARD_KEYS, ProgressPrinter, first, plot_metrics, read_metrics
+from recipes.records import WriteFailed, disk_full_line
+from recipes.resume import SUPERSEDED, keep_metrics_up_to
 from recipes.verl_ext import api as verl
 from recipes.verl_ext.demo import ensure_tiny_assets
 from recipes.verl_ext.plugin.patches import require_supported_verl
@@ -64,6 +67,7 @@ def train_and_summarize(final: FinalRun) -> None:
           f"{LOG_NAME})", flush=True)
     kl_band = next((b for b in bands_from_config(cfg) if b.name == "kl_mean"), None)
     kl_keys = kl_band.keys if kl_band is not None else KL_KEYS
+    resumed_lines(cfg, metrics_path)
     try:
         with sigterm_as_interrupt(), verl_output_to_log(run_dir / LOG_NAME, verbose) as term:
             with ProgressPrinter(metrics_path, total, out=term.say, kl_keys=kl_keys):
@@ -74,19 +78,40 @@ def train_and_summarize(final: FinalRun) -> None:
         for line in interrupted_lines(run_dir, checkpoints, rerun_command(cfg)):
             print(line, file=sys.stderr)
         sys.exit(EXIT_CODE)
-    except Exception:
+    except Exception as error:
+        full = disk_full_line(error)
+        if full:  # one line naming the path; every complete checkpoint stays
+            print(full, file=sys.stderr)
+            sys.exit(1)
         if not verbose:  # what verl said last is in the log, not on the terminal
             print(f"training failed; the last lines of {run_dir / LOG_NAME}:\n{log_tail(run_dir / LOG_NAME)}",
                   file=sys.stderr)
         raise
-    summarize(metrics_path, run_dir, title=f"{cfg.run.name}: {cfg.model.name}, {cfg.strategy.name}",
-              kl_keys=kl_keys, kl_band=(kl_band.low, kl_band.high) if kl_band is not None else (None, None))
+    try:
+        summarize(metrics_path, run_dir, title=f"{cfg.run.name}: {cfg.model.name}, {cfg.strategy.name}",
+                  kl_keys=kl_keys, kl_band=(kl_band.low, kl_band.high) if kl_band is not None else (None, None))
+    except WriteFailed as error:
+        print(error, file=sys.stderr)
+        sys.exit(1)
 
 
 def rerun_command(cfg: DictConfig) -> list[str]:
     """The command line of this run, as Hydra received it (the embedded defaults it added included)."""
     overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
     return [*entry_command(str(cfg.run.name)), *overrides]
+
+
+def resumed_lines(cfg: DictConfig, metrics_path: Path) -> None:
+    """Under run.resume: the rows of steps after the checkpoint move aside (those steps run again), and one line
+    says where the run goes on from."""
+    record_dir = OmegaConf.select(cfg, "run.record_dir")
+    if not record_dir:
+        return
+    checkpoint = Path(str(cfg.trainer.resume_from_path))
+    step = step_of(checkpoint) or 0
+    kept = keep_metrics_up_to(metrics_path, step, Path(str(record_dir)) / SUPERSEDED)
+    print(f"resuming after step {step} from {checkpoint} ({kept} steps in metrics.jsonl kept; this launch's "
+          f"record: {record_dir})", flush=True)
 
 
 def log_tail(path: Path, lines: int = 30) -> str:

@@ -7,6 +7,7 @@ ConfigError (the entry point prints them and exits 2).
 from __future__ import annotations
 
 import copy
+import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -15,7 +16,6 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from hybrid_engine.layout import FSDP_ORDER, InferLayout, TrainLayout, collect_layout_errors
-from hybrid_engine.plan.settings import FSDP_FAMILY
 from hybrid_engine.model_spec import (
     MODEL_CONFIG_DIR,
     ModelArch,
@@ -25,6 +25,7 @@ from hybrid_engine.model_spec import (
     shipped_models,
     shipped_name_of_hub_id,
 )
+from hybrid_engine.plan.settings import FSDP_FAMILY
 from recipes.confdir import recipe_defaults
 from recipes.errors import ConfigError
 from recipes.fit import check_memory
@@ -423,7 +424,7 @@ def check(cfg: DictConfig, *, run_verl: bool = True) -> ValidatedRun:
     inactive = verl_types.inactive_sections(container, use_critic=use_critic, use_ref=use_ref)
     wrong_kind: dict[str, str] = {}  # a ranged key of a verl class holding a string ...: its type check names it
     ranges = verl_types.range_problems(container, inactive, deferred=wrong_kind)
-    _merge(problems, cfg, [*unresolved.values(), *schema_problems, *ranges.values()])
+    _merge(problems, cfg, [*unresolved.values(), *schema_problems, *ranges.values(), *band_problems(pack)])
     if not problems and run_verl:
         # verl's own annotations; they import verl (seconds), so, as verl's validator, once the pack's checks pass
         _merge(problems, cfg, verl_types.type_problems(container, inactive).values())
@@ -443,6 +444,28 @@ def check(cfg: DictConfig, *, run_verl: bool = True) -> ValidatedRun:
     return ValidatedRun(cfg=cfg, train=train, infer=infer, arch=arch, warnings=tuple(warnings),
                         problems=tuple(problems), adopted=tuple(adoptions), use_critic=use_critic, use_ref=use_ref,
                         pack=pack if not problems else None)
+
+
+def band_problems(pack) -> list[str]:
+    """Monitoring bands that could never judge a step as meant: a bound that is not a finite number, a lower edge
+    above the upper one, an ``unstable`` side without a bound on it. Found here, before anything starts, not when the
+    run's summary is written at its end."""
+    if pack is None:
+        return []
+    out = []
+    for name, band in pack.monitor.bands.items():
+        key = f"monitor.bands.{name}"
+        for side in ("low", "high"):
+            value = getattr(band, side)
+            if value is not None and not math.isfinite(value):
+                out.append(f"{key}.{side}: {value} is not a finite number")
+        low, high = band.low, band.high
+        if low is not None and high is not None and math.isfinite(low) and math.isfinite(high) and low > high:
+            out.append(f"{key}.low: {low:g} > {key}.high {high:g}: no value is inside the band")
+        if band.unstable is not None and getattr(band, band.unstable) is None:
+            out.append(f"{key}.unstable: {band.unstable!r} but {key}.{band.unstable} is null: that side has no "
+                       "bound to leave")
+    return out
 
 
 def _merge(problems: list[str], cfg: DictConfig, lines) -> None:

@@ -1,5 +1,6 @@
 """Ctrl-C while training: exit 130, no traceback, Ray ended, the last complete checkpoint named, and the printed
-resume command continues from it (step numbering and the KL controller's state carried on)."""
+resume command (``run.resume=<run folder>``) continues the run in its own folder: every step in metrics.jsonl
+exactly once, the KL controller's state carried on, each launch's record kept."""
 
 from __future__ import annotations
 
@@ -54,14 +55,28 @@ def test_ctrl_c_stops_cleanly_and_the_resume_command_continues(tmp_path, recipe_
     kept = next(line for line in lines if line.startswith("last complete checkpoint: ")).split(": ", 1)[1]
     step = int(kept.rsplit("_", 1)[1])  # the run may have gone on a step or two while the signal arrived
     assert kept == f"{run_dir}/checkpoints/global_step_{step}" and step in (2, 4, 6)
-    resume = next(line for line in lines if line.startswith("resume from it (a new run folder): "))
+    resume = next(line for line in lines if line.startswith("resume in the same folder: "))
     argv = shlex.split(resume.split(": ", 1)[1])
     assert argv[:3] == ["python", "-m", "recipes.grpo"] and "trainer.save_freq=2" in argv
+    assert argv[-1] == f"run.resume={run_dir}"
+    first_record = (run_dir / "resolved_config.yaml").read_bytes()
+    seen_before = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
     resumed = recipe_cli("grpo", *argv[3:], f"trainer.total_training_steps={step + 2}", cwd=tmp_path, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    folders = sorted(p.parent for p in (tmp_path / "runs" / "grpo").glob("*/metrics.jsonl") if p.parent != run_dir)
-    rows = [json.loads(line) for line in (folders[-1] / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [step + 1, step + 2]
+    assert [p.parent for p in (tmp_path / "runs" / "grpo").glob("*/metrics.jsonl")] == [run_dir]  # no new folder
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, step + 3))  # continuous, each step once
+    assert [r.get("resume") for r in rows] == [None] * step + [1, 1]
+    superseded = run_dir / "resume_1" / "metrics.superseded.jsonl"
+    redone = [json.loads(line)["step"] for line in superseded.read_text().splitlines()] if superseded.exists() else []
+    assert redone == [s for s in seen_before if s > step]  # trained after the checkpoint: kept aside, run again
     saved = json.loads((run_dir / "checkpoints" / f"global_step_{step}" / "kl_control.json").read_text())["state"]
-    assert rows[0]["data"]["kl_control/loss_coef"] == saved["loss_coef"]
+    assert rows[step]["data"]["kl_control/loss_coef"] == saved["loss_coef"]
+    progress = [line.split("/")[0] for line in resumed.stdout.splitlines() if line.startswith("step ")]
+    assert progress == [f"step {step + 1}", f"step {step + 2}"]  # earlier steps are not shown again as new
+    assert (run_dir / "resolved_config.yaml").read_bytes() == first_record  # the first launch's record stays
+    second = (run_dir / "resume_1" / "resolved_config.yaml").read_text()
+    assert f"total_training_steps: {step + 2}" in second and f"resume_from_path: {kept}" in second
+    bands = json.loads((run_dir / "bands.json").read_text())["summary"]
+    assert {b["band"]: b["steps"] for b in bands}["kl_mean"] == step + 2  # the summary covers the whole run

@@ -9,6 +9,8 @@ module              what
 ``trainer``         ``StabilityTrainer``: verl's sync v1 trainer + guard, KL control, fault detection
 ``bands``           monitoring bands: evaluation, driver monitor, summary (bands.json / bands.txt)
 ``rollback``        the supervisor: attempts in child processes, degradations, attempts.jsonl
+``faults``          why an attempt failed: the exception types and the attempt's exit
+``tee``             one metrics.jsonl across restarts and resumes (verl's file logger truncates its own)
 ``entropy``         the Clip-Cov / KL-Cov on-policy warning
 ==================  =====================================================================================
 
@@ -36,11 +38,18 @@ def supervise(cfg, run_dir: Path, runner: Callable, metrics_path: Path, out=prin
     from recipes.verl_ext.stability.bands import BandMonitor, bands_from_config
 
     mode = load_section(Stability, cfg.get("stability"), "stability").mode
+    record_dir = (cfg.get("run") or {}).get("record_dir")
     with BandMonitor(metrics_path, bands_from_config(cfg), run_dir, out=out):
         if mode == "auto":
             # lazy: as bands above, and only stability.mode=auto runs the supervisor (~2 ms, multiprocessing)
             from recipes.verl_ext.stability.rollback import Supervisor
 
             Supervisor(cfg, run_dir, runner, out=out).run()
+        elif record_dir:  # run.resume: verl's file logger truncates its file, so it gets one of its own
+            from recipes.verl_ext.stability.tee import teed_metrics  # lazy: as bands above
+
+            with teed_metrics(cfg, Path(record_dir) / "metrics.jsonl", metrics_path,
+                              {"resume": int(Path(record_dir).name.rsplit("_", 1)[1])}):
+                runner(cfg)
         else:
             runner(cfg)

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from recipes.monitor import read_metrics
+from recipes.records import write_atomic
 from recipes.schema import Monitor, load_section
 
 
@@ -163,8 +164,8 @@ class BandTally:
         payload = {"bands": bands, "summary": self.rows(),
                    "violations": [asdict(v) for s in self.stats.values() for v in s.violations]}
         json_path, txt_path = Path(run_dir) / "bands.json", Path(run_dir) / "bands.txt"
-        json_path.write_text(json.dumps(payload, indent=1, default=str))
-        txt_path.write_text(self.table() + "\n")
+        write_atomic(json_path, json.dumps(payload, indent=1, default=str))
+        write_atomic(txt_path, self.table() + "\n")
         return json_path, txt_path
 
 
@@ -181,6 +182,7 @@ class BandMonitor:
 
     def __enter__(self):
         if self.tally.stats:
+            self._flush(quiet=True)  # a resumed run's earlier steps: counted in the summary, warned about before
             self._thread.start()
         return self
 
@@ -193,10 +195,15 @@ class BandMonitor:
         self.out("monitoring bands (bands.txt, bands.json):\n" + self.tally.table())
         self.tally.write(self.run_dir)
 
-    def _flush(self):
+    def _flush(self, quiet: bool = False):
         rows = read_metrics(self.path)
+        if len(rows) < self._seen:  # a rollback moved the rows after its checkpoint aside: count the rest again
+            self.tally, self._seen = BandTally([st.band for st in self.tally.stats.values()]), 0
+            quiet = True
         for step, metrics in rows[self._seen:]:
             for v in self.tally.add(step, metrics):
+                if quiet:
+                    continue
                 stats = self.tally.stats[v.band]
                 if sum(1 for seen in stats.violations if seen.side == v.side) == 1:
                     self.out(f"band warning: step {step} {v.describe()} (band {stats.band.describe_range()}; "

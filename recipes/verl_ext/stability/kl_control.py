@@ -22,6 +22,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from recipes.records import write_atomic
 from recipes.schema import KL, KL_MODES, load_section
 
 STATE_FILE = "kl_control.json"
@@ -149,14 +150,19 @@ class KLControl:
     def save(self, folder: str | Path) -> Path:
         path = Path(folder) / STATE_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
-        # json writes floats with repr(): they read back bit for bit
-        path.write_text(json.dumps({"settings": asdict(self.settings), "state": self.state_dict()}, indent=1))
-        return path
+        # json writes floats with repr(): they read back bit for bit; written aside, then renamed (recipes.records)
+        return write_atomic(path, json.dumps({"settings": asdict(self.settings), "state": self.state_dict()},
+                                             indent=1))
 
     def load(self, folder: str | Path) -> bool:
         """Restore from a checkpoint folder; False (and the state untouched) where the folder has no state."""
         path = Path(folder) / STATE_FILE
         if not path.is_file():
             return False
-        self.load_state_dict(json.loads(path.read_text())["state"])
+        try:
+            state = json.loads(path.read_text())["state"]
+            self.load_state_dict(state)
+        except (ValueError, KeyError, TypeError) as error:
+            raise RuntimeError(f"{path}: not the KL controller's state ({type(error).__name__}: {error}); resume "
+                               "from an earlier checkpoint") from None
         return True

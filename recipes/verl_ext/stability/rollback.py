@@ -2,19 +2,17 @@
 
 Lives in the driver, outside Ray. Each attempt runs verl's ``run_ppo`` in a child process (its own Ray instance,
 torn down with it), so a crashed worker, a killed TaskRunner or an out-of-memory error ends only that attempt.
-After a failure the supervisor classifies it:
-
-- ``nan_loss``  a NaN/Inf loss (the trainer raises ``StabilityFault[nan_loss]`` before saving that step);
-- ``bands``     ``stability.band_violations`` steps in a row outside a band marked ``unstable``;
-- ``oom``       an out-of-memory error anywhere in the run;
-- ``worker_died`` a Ray worker or the TaskRunner died (the OOM killer looks like this);
-
-anything else (a bug, a bad path) is not retried. A retryable failure restarts from the latest checkpoint in
-``trainer.default_local_dir`` (``trainer.resume_mode=auto``) with the next degradation applied on top of the previous
-ones, in this order: ``forward_prefetch`` off; token budgets and micro batches -20%; parameter and optimizer offload
-on. At most ``stability.max_attempts`` restarts. Every attempt, its reason, the degradation and the checkpoints
-present before and after go to ``attempts.jsonl`` in the run folder; the supervisor never deletes a checkpoint and
-fails loudly if one disappears.
+After a failure the supervisor classifies it by the exception types and the attempt's exit (:mod:`.faults`:
+``nan_loss``, ``bands``, ``nan_weights``, ``oom``, ``worker_lost``); anything else (a bug, a bad path) is not
+retried. A retryable failure restarts from the latest *complete* checkpoint in ``trainer.default_local_dir``
+(:mod:`recipes.checkpoints`; a partial or damaged one is named and skipped) with verl's
+``trainer.resume_mode=resume_path`` and the next degradation applied on top of the previous ones, in this order:
+``forward_prefetch`` off; token budgets and micro batches -20%; parameter and optimizer offload on. At most
+``stability.max_attempts`` restarts. Rows of ``metrics.jsonl`` for steps after that checkpoint move to
+``metrics.superseded.jsonl`` before the restart (those steps run again: each step is in ``metrics.jsonl`` once).
+Every attempt, its reason, the degradation and the checkpoints present before and after go to ``attempts.jsonl``
+in the run folder; attempt numbers go on across ``run.resume`` launches. The supervisor never deletes a checkpoint
+and fails loudly if one disappears.
 """
 
 from __future__ import annotations
@@ -29,13 +27,14 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from recipes import checkpoints as ckpt
 from recipes import yamlio
+from recipes.records import write_atomic
 from recipes.redact import redact_config
+from recipes.resume import SUPERSEDED, keep_metrics_up_to
 from recipes.schema import DEGRADATIONS, Stability, load_section
-
-ENV_VARS = "ray_kwargs.ray_init.runtime_env.env_vars"
-LOGGER_ENV = "VERL_FILE_LOGGER_PATH"
-RETRYABLE = ("nan_loss", "bands", "oom", "worker_died")
+from recipes.verl_ext.stability.faults import RETRYABLE, classify, exit_description
+from recipes.verl_ext.stability.tee import ENV_VARS, LOGGER_ENV, MetricsTee
 
 PREFETCH_KEYS = (
     "actor_rollout_ref.actor.fsdp_config.forward_prefetch",
@@ -65,19 +64,6 @@ OFFLOAD_KEYS = (
     "actor_rollout_ref.actor.megatron.optimizer_offload",
     "actor_rollout_ref.ref.megatron.param_offload",
 )
-
-
-def classify(message: str) -> str:
-    """The failure's reason from its text (the exception chain as the driver sees it)."""
-    if "StabilityFault[" in message:
-        return message.split("StabilityFault[", 1)[1].split("]", 1)[0]
-    lowered = message.lower()
-    if "out of memory" in lowered or "outofmemoryerror" in lowered or "oom" in lowered.split():
-        return "oom"
-    if any(word in message for word in ("ActorDiedError", "RayActorError", "WorkerCrashedError",
-                                        "ActorUnavailableError", "exit code 137", "SIGKILL")):
-        return "worker_died"
-    return "error"
 
 
 def degrade(cfg: DictConfig, step: str) -> dict[str, tuple]:
@@ -123,33 +109,8 @@ def _attempt_main(container: dict, fault_path: str, runner: Callable) -> None:
         runner(cfg)
     except BaseException as error:  # noqa: BLE001 - everything is reported to the parent, then re-raised
         text = "".join(traceback.format_exception(error))
-        Path(fault_path).write_text(json.dumps({"reason": classify(text), "message": text[-4000:]}))
+        write_atomic(fault_path, json.dumps({"reason": classify(text), "message": text[-4000:]}))
         raise
-
-
-class MetricsTee:
-    """Appends each attempt's metrics lines (verl's file logger truncates its file at start) to the run's
-    metrics.jsonl, tagged with the attempt, so the progress printer and the bands monitor follow one file."""
-
-    def __init__(self, source: Path, target: Path, attempt: int):
-        self.source, self.target, self.attempt, self._done = source, target, attempt, 0
-
-    def pump(self) -> None:
-        if not self.source.is_file():
-            return
-        lines = self.source.read_text().splitlines(keepends=True)
-        complete = [line for line in lines if line.endswith("\n")]
-        new = complete[self._done:]
-        if not new:
-            return
-        with self.target.open("a") as f:
-            for line in new:
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                f.write(json.dumps({**row, "attempt": self.attempt}) + "\n")
-        self._done = len(complete)
 
 
 class Supervisor:
@@ -166,6 +127,7 @@ class Supervisor:
         if int(OmegaConf.select(cfg, "trainer.save_freq", default=-1) or -1) <= 0:
             out("stability: trainer.save_freq <= 0: no checkpoint to roll back to; a restart starts from step 0")
         self.ckpt_dir = Path(cfg.trainer.default_local_dir)
+        self._told: set[str] = set()
 
     def _record(self, entry: dict) -> None:
         with self.log_path.open("a") as f:
@@ -176,20 +138,21 @@ class Supervisor:
         ctx = multiprocessing.get_context("spawn")
         applied: list[str] = []
         changes: dict = {}
-        attempt = 0
+        first = attempt = self._first_attempt()
         while True:
+            start = self._choose_start(restart=attempt > first)
             OmegaConf.update(self.cfg, "stability.attempt", attempt, force_add=True)
-            OmegaConf.update(self.cfg, "trainer.resume_mode", "auto")
             container = OmegaConf.to_container(self.cfg, resolve=True)
             fault_path = self.run_dir / f"attempt_{attempt}_fault.json"
             fault_path.unlink(missing_ok=True)
             before = checkpoints(self.ckpt_dir)
             started = time.time()
-            tee = MetricsTee(self.run_dir / f"metrics.attempt_{attempt}.jsonl", self.metrics_path, attempt)
+            tee = MetricsTee(self.run_dir / f"metrics.attempt_{attempt}.jsonl", self.metrics_path,
+                             {"attempt": attempt})
             env_vars = container.setdefault("ray_kwargs", {}).setdefault("ray_init", {})
             env_vars = env_vars.setdefault("runtime_env", {}).setdefault("env_vars", {})
             env_vars[LOGGER_ENV] = str(tee.source)
-            (self.run_dir / f"attempt_{attempt}_config.yaml").write_text(yamlio.dump(redact_config(container)))
+            write_atomic(self.run_dir / f"attempt_{attempt}_config.yaml", yamlio.dump(redact_config(container)))
             proc = ctx.Process(target=_attempt_main, args=(container, str(fault_path), self.runner))
             proc.start()
             while proc.is_alive():
@@ -198,7 +161,7 @@ class Supervisor:
             tee.pump()
             after = checkpoints(self.ckpt_dir)
             entry = {"attempt": attempt, "degradations": list(applied), "changes": changes,
-                     "resumed_from_step": before[-1] if before else 0, "checkpoints_before": before,
+                     "resumed_from_step": start, "checkpoints_before": before,
                      "checkpoints_after": after, "seconds": round(time.time() - started, 1),
                      "exitcode": proc.exitcode}
             lost = sorted(set(before) - set(after))
@@ -206,12 +169,9 @@ class Supervisor:
                 self._record({**entry, "outcome": "finished"})
                 if lost:
                     raise RuntimeError(f"stability: checkpoints {lost} disappeared during attempt {attempt}")
-                return attempt
-            fault = json.loads(fault_path.read_text()) if fault_path.is_file() else {
-                "reason": "worker_died", "message": f"attempt process exited with code {proc.exitcode}"}
-            reason = fault["reason"]
-            summary = fault["message"].strip().splitlines()[-1][:300] if fault["message"].strip() else ""
-            retry = reason in RETRYABLE and attempt < self.max_attempts
+                return attempt - first
+            reason, summary = self._failure(fault_path, proc.exitcode)
+            retry = reason in RETRYABLE and attempt - first < self.max_attempts
             self._record({**entry, "outcome": "restart" if retry else "failed", "reason": reason,
                           "message": summary})
             if lost:
@@ -227,7 +187,45 @@ class Supervisor:
                 changes = degrade(self.cfg, step)
             else:
                 changes = {}
-            resume = after[-1] if after else 0
-            self.out(f"stability: attempt {attempt - 1} failed ({reason}: {summary}); restart {attempt}/"
-                     f"{self.max_attempts} from checkpoint step {resume} with {step} "
-                     f"({len(changes)} keys changed)")
+            self.out(f"stability: attempt {attempt - 1} failed ({reason}: {summary}); restart {attempt - first}/"
+                     f"{self.max_attempts} with {step} ({len(changes)} keys changed)")
+
+    def _first_attempt(self) -> int:
+        """Attempt numbers go on across run.resume launches of one folder (each attempt's files stay)."""
+        taken = [int(p.name.split("_")[1]) for p in self.run_dir.glob("attempt_*_config.yaml")
+                 if p.name.split("_")[1].isdigit()]
+        return max(taken, default=-1) + 1
+
+    def _choose_start(self, restart: bool) -> int:
+        """Point verl at the latest complete checkpoint (partial or damaged ones named and skipped); on a restart,
+        metrics rows after it move aside. Returns the step the attempt starts after."""
+        typed = OmegaConf.select(self.cfg, "trainer.resume_from_path", default=None)
+        if not restart and OmegaConf.select(self.cfg, "trainer.resume_mode") == "resume_path" and typed:
+            return ckpt.step_of(Path(typed)) or 0  # run.resume's choice, or the user's
+        found = ckpt.scan(self.ckpt_dir)
+        for line in found.notices():
+            if line not in self._told:
+                self._told.add(line)
+                self.out(f"stability: {line}")
+        if found.latest is not None:
+            step, folder = found.latest
+            OmegaConf.update(self.cfg, "trainer.resume_mode", "resume_path")
+            OmegaConf.update(self.cfg, "trainer.resume_from_path", str(folder), force_add=True)
+        elif restart or found.rejected:
+            step = 0
+            OmegaConf.update(self.cfg, "trainer.resume_mode", "disable")
+        else:
+            return 0  # a first attempt with no checkpoint: the run's own resume settings
+        if restart:
+            self.out(f"stability: restarting from checkpoint step {step}")
+            keep_metrics_up_to(self.metrics_path, step, self.run_dir / SUPERSEDED)
+        return step
+
+    def _failure(self, fault_path: Path, exitcode: int | None) -> tuple[str, str]:
+        """(reason, the error's last line) of a failed attempt."""
+        if fault_path.is_file():
+            fault = json.loads(fault_path.read_text())
+        else:  # the attempt process died without writing its failure (a signal, os._exit)
+            fault = {"reason": "worker_lost", "message": f"the attempt process {exit_description(exitcode)}"}
+        message = fault["message"].strip()
+        return fault["reason"], message.splitlines()[-1][:300] if message else ""

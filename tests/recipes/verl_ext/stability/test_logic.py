@@ -9,9 +9,10 @@ from omegaconf import OmegaConf
 
 from recipes.verl_ext.stability.bands import BandTally, bands_from_config, evaluate
 from recipes.verl_ext.stability.entropy import entropy_warnings
+from recipes.verl_ext.stability.faults import classify, exit_description
 from recipes.verl_ext.stability.guard import KLGuard, scalar
 from recipes.verl_ext.stability.kl_control import KLControl, KLSettings, proportional_update, ramp_target
-from recipes.verl_ext.stability.rollback import classify, degrade
+from recipes.verl_ext.stability.rollback import degrade
 
 
 def _cfg(*overrides):
@@ -105,11 +106,31 @@ def test_degradations_in_order():
     assert cfg.critic.fsdp.param_offload is True and cfg.critic.fsdp.optimizer_offload is True
 
 
-def test_failure_reasons():
+# Ray's stock text for an actor whose worker process died: it names the OOM killer among the possible causes
+RAY_ACTOR_DIED = """Traceback (most recent call last):
+  File "/x/verl/trainer/main_ppo.py", line 96, in run_ppo
+    ray.get(runner.run.remote(config))
+ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.
+	class_name: TaskRunner
+The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker exit detail: Worker
+unexpectedly exits with a connection error code 2. End of file. There are some potential root causes. (1) The process
+is killed by SIGKILL by OOM killer due to high memory usage. (2) ray stop --force is called. (3) The worker is crashed
+unexpectedly due to SIGSEGV or other unexpected errors.
+"""
+
+
+def test_failure_reasons_come_from_the_exception_types_not_the_words():
     assert classify("RuntimeError: StabilityFault[nan_loss] actor/pg_loss=nan at step 3") == "nan_loss"
-    assert classify("torch.OutOfMemoryError: CUDA out of memory") == "oom"
-    assert classify("ray.exceptions.ActorDiedError: The actor died") == "worker_died"
-    assert classify("FileNotFoundError: data.parquet") == "error"
+    assert classify(RAY_ACTOR_DIED) == "worker_lost"  # "OOM killer" in the text is no out-of-memory error
+    cuda = "ray.exceptions.RayTaskError(OutOfMemoryError): ...\ntorch.OutOfMemoryError: CUDA out of memory. Tried"
+    assert classify(cuda) == "oom"
+    assert classify("Traceback ...\nMemoryError") == "oom"  # the host's: Python's MemoryError
+    assert classify("ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.") == "oom"
+    nan = "RuntimeError: probability tensor contains either `inf`, `nan` or element < 0"
+    assert classify(nan) == "nan_weights"
+    assert classify("FileNotFoundError: data.parquet is not an oom") == "error"
+    assert classify("", exitcode=-9) == "worker_lost" and exit_description(-9) == "was killed by SIGKILL"
+    assert classify("", exitcode=1) == "error"
 
 
 def test_entropy_warning_only_on_policy():

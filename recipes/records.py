@@ -1,0 +1,77 @@
+"""Records written whole or not at all: write beside the target, then ``os.replace`` (atomic on one file system).
+
+A reader (the progress printer, a resume, the user) sees the old file or the new one, never a half-written one; a
+write that fails (a full disk) leaves the old file as it was, removes its temporary and raises :class:`WriteFailed`,
+whose message is one line naming the path. :func:`disk_full_line` finds such a failure in an error raised elsewhere
+(verl's checkpoint save in a Ray worker arrives as text).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from pathlib import Path
+
+
+class WriteFailed(OSError):
+    """A record could not be written; ``str()`` is one line naming the path."""
+
+    def __init__(self, path: Path, cause: OSError):
+        super().__init__(cause.errno, cause.strerror)
+        self.path = Path(path)
+        self.cause = cause
+
+    def __str__(self) -> str:
+        return f"could not write {self.path}: {describe_os_error(self.cause)}"
+
+
+def describe_os_error(error: OSError) -> str:
+    if error.errno == errno.ENOSPC:
+        return "no space left on device (the file is left as it was; free space, then resume the run)"
+    return f"{error.strerror or error} (errno {error.errno})"
+
+
+def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
+    """Write ``data`` to ``path`` through a temporary beside it and ``os.replace``; WriteFailed on an OSError."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as error:
+        tmp.unlink(missing_ok=True)
+        raise WriteFailed(path, error) from None
+    return path
+
+
+def replace_from(tmp: str | os.PathLike, path: str | os.PathLike) -> Path:
+    """``os.replace(tmp, path)`` for a temporary another writer produced (matplotlib's savefig); WriteFailed."""
+    try:
+        os.replace(tmp, path)
+    except OSError as error:
+        Path(tmp).unlink(missing_ok=True)
+        raise WriteFailed(Path(path), error) from None
+    return Path(path)
+
+
+_NO_SPACE = re.compile(r"\[Errno 28\] No space left on device: '([^']+)'")
+
+
+def disk_full_line(error: BaseException) -> str | None:
+    """One line naming the path when ``error`` (or its cause, or its text: a Ray worker's error) is a full disk."""
+    seen = error
+    while seen is not None:
+        if isinstance(seen, WriteFailed) and seen.errno == errno.ENOSPC:
+            return str(seen)
+        if isinstance(seen, OSError) and seen.errno == errno.ENOSPC:
+            where = seen.filename or "a file"
+            return f"could not write {where}: {describe_os_error(seen)}"
+        seen = seen.__cause__ or seen.__context__
+    found = _NO_SPACE.search(str(error))
+    if found:
+        return f"could not write {found.group(1)}: {describe_os_error(OSError(errno.ENOSPC, 'No space left'))}"
+    return None
