@@ -106,6 +106,25 @@ def evaluate(metrics: dict, bands: list[Band], step: int = 0) -> list[Violation]
     return out
 
 
+class RollbackRule:
+    """``stability=auto``'s band rule: ``limit`` steps in a row outside a band on its ``unstable`` side (a NaN
+    counts); a band with ``unstable: null`` only warns. ``limit`` 0: never."""
+
+    def __init__(self, bands: list[Band], limit: int):
+        self.bands, self.limit, self.streak = bands, limit, 0
+
+    def check(self, metrics: dict, step: int) -> str | None:
+        """After one step: None, or why the run must roll back."""
+        if self.limit <= 0:
+            return None
+        unstable = [v for v in evaluate(metrics, self.bands, step) if v.unstable]
+        self.streak = self.streak + 1 if unstable else 0
+        if self.streak < self.limit:
+            return None
+        return (f"{self.streak} steps in a row outside a band at step {step}: "
+                + "; ".join(v.describe() for v in unstable))
+
+
 @dataclass(kw_only=True, slots=True)
 class BandStats:
     band: Band

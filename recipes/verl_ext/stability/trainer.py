@@ -25,7 +25,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from recipes.checkpoints import mark_complete
 from recipes.schema import Stability, load_section
-from recipes.verl_ext.stability.bands import Band, bands_from_config, evaluate
+from recipes.verl_ext.stability.bands import RollbackRule, bands_from_config
 from recipes.verl_ext.stability.guard import GUARD_KEY, KL_COEF_KEY, METRICS
 from recipes.verl_ext.stability.kl_control import KLControl, KLSettings
 
@@ -53,11 +53,10 @@ class StabilityTrainer(PPOTrainerSync):
         self.kl_control = KLControl(KLSettings.from_config(config))
         stability = load_section(Stability, config.get("stability"), "stability")  # the pack's keys, typed
         self.stability_mode = stability.mode
-        self.band_limit = stability.band_violations
         self.inject = stability.inject
         self.attempt = stability.attempt
-        self.bands: list[Band] = bands_from_config(config)
-        self._unstable_streak = 0
+        limit = stability.band_violations if stability.mode == "auto" else 0
+        self.band_rule = RollbackRule(bands_from_config(config), limit)
 
     # ---- the actor update: guard and coefficient go with the batch ----
 
@@ -111,14 +110,9 @@ class StabilityTrainer(PPOTrainerSync):
             value = metrics.get(key)
             if value is not None and not math.isfinite(float(value)):
                 raise StabilityFault("nan_loss", f"{key}={value} at step {self.global_steps}")
-        if self.stability_mode != "auto" or self.band_limit <= 0:
-            return
-        unstable = [v for v in evaluate(metrics, self.bands) if v.unstable]
-        self._unstable_streak = self._unstable_streak + 1 if unstable else 0
-        if self._unstable_streak >= self.band_limit:
-            listed = "; ".join(v.describe() for v in unstable)
-            raise StabilityFault("bands", f"{self._unstable_streak} steps in a row outside a band at step "
-                                          f"{self.global_steps}: {listed}")
+        why = self.band_rule.check(metrics, self.global_steps)
+        if why:
+            raise StabilityFault("bands", why)
 
     # ---- checkpoints carry the controller ----
 

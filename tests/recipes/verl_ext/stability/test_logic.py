@@ -7,7 +7,7 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from recipes.verl_ext.stability.bands import BandTally, bands_from_config, evaluate
+from recipes.verl_ext.stability.bands import BandTally, RollbackRule, bands_from_config, evaluate
 from recipes.verl_ext.stability.entropy import entropy_warnings
 from recipes.verl_ext.stability.faults import classify, exit_description
 from recipes.verl_ext.stability.guard import KLGuard, scalar
@@ -145,3 +145,22 @@ def test_stability_options_select_the_pack_trainer():
         cfg = _cfg(f"stability={option}")
         assert cfg.trainer.v1.trainer_mode == "stability" and cfg.stability.mode == option
         assert OmegaConf.select(cfg, "stability.inject.nan_at_step") is None
+
+
+# the demo's KL per step (README, "make demo": task=tiny, kl=ramp), past its band (<= 0.6) in the last 4 steps
+DEMO_KL = [0.0, 0.0171, 0.0305, 0.0401, 0.0456, 0.0685, 0.0894, 0.1266, 0.1564, 0.18, 0.2409, 0.2978, 0.355, 0.4249,
+           0.4987, 0.585, 0.6663, 0.9005, 0.8455, 1.021]
+
+
+def test_the_demos_normal_kl_rise_does_not_roll_back_but_a_gradient_blow_up_does():
+    cfg = _cfg("stability=auto")
+    rule = RollbackRule(bands_from_config(cfg), cfg.stability.band_violations)
+    for step, kl in enumerate(DEMO_KL, start=1):
+        metrics = {"actor/kl_loss": kl, "actor/grad_norm": 0.3, "actor/entropy": 6.0}
+        assert rule.check(metrics, step) is None, step
+    assert [v.band for v in evaluate({"actor/kl_loss": 1.021}, rule.bands)] == ["kl_mean"]  # it still warns
+    found = [rule.check({"actor/kl_loss": 0.1, "actor/grad_norm": g, "actor/entropy": 6.0}, s)
+             for s, g in zip((21, 22, 23), (5.0, 7.0, 9.0), strict=True)]
+    assert found[:2] == [None, None]
+    assert found[2] == "3 steps in a row outside a band at step 23: grad_norm 9 above 1"
+    assert RollbackRule(rule.bands, 0).check({"actor/grad_norm": float("nan")}, 1) is None  # stability=off
