@@ -221,7 +221,8 @@ def checked_run(cfg: DictConfig) -> ValidatedRun:
     action = check_action(cfg)
     if action == "plan":
         run = check(cfg)
-        if run.train is None or run.infer is None or run.arch is None:
+        solving = OmegaConf.select(cfg, "plan.solve", default=False) is True  # the search replaces the layout
+        if run.arch is None or (not solving and (run.train is None or run.infer is None)):
             raise ConfigError(list(run.problems))
     else:
         run = validate(cfg)

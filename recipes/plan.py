@@ -86,16 +86,17 @@ def run_plan(checked, out=sys.stdout) -> int:
     cfg = checked.cfg
     try:
         keys = load_section(PlanKeys, cfg.get("plan"), "plan")
+        if keys.solve:
+            from recipes.solve import run_solve  # lazy: the search loads only when asked for
+
+            settings = plan_settings(cfg, checked.use_critic, checked.use_ref)
+            return run_solve(checked, keys.format, settings, cluster_spec(cfg), out)
         plan = make_plan(checked)
     except SchemaError as error:  # check() reported these too (a plan with a layout error still gets here)
         for line in error.problems:
             print(f"config error: {line}", file=sys.stderr)
         return 2
     fmt = keys.format
-    if keys.solve:
-        from recipes.solve import run_solve  # lazy: the search loads only when asked for
-
-        return run_solve(checked, fmt, plan.settings, plan.cluster, out)
     for problem in checked.problems:
         if problem not in plan.errors:
             plan.errors.append(problem)

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hybrid_engine.plan.render import gib_text
 from hybrid_engine.plan.settings import FSDP_FAMILY, ClusterSpec, PlanSettings
-from hybrid_engine.plan.solve import Candidate, SolveRequest, SolveResult, solve
+from hybrid_engine.plan.solve import MAX_SHARE, Candidate, SolveRequest, SolveResult, solve
 from hybrid_engine.plan.step_time import Workload
 from recipes.confdir import entry_command
 from recipes.layout_keys import LAYOUT_FED_KEYS
@@ -159,11 +159,16 @@ def shortfall_line(result: SolveResult) -> str:
         return (f"plan.solve: no layout of {r.arch.name} is allowed on {c.nnodes}x{c.gpus_per_node} GPUs "
                 f"({result.considered} considered; refused: {refused})")
     t, i = s["train"], s["infer"]
-    return (f"plan.solve: no layout of {r.arch.name} fits {c.nnodes}x{c.gpus_per_node} {c.gpu} "
+    head = (f"plan.solve: no layout of {r.arch.name} fits {c.nnodes}x{c.gpus_per_node} {c.gpu} "
             f"({c.memory_gib:g} GiB per GPU); the closest, {s['strategy']} train tp{t.tp} pp{t.pp} cp{t.cp} "
-            f"ep{t.ep} dp{t.dp} -> infer tp{i.tp} with offload={s['offload']} and the smallest budgets, plans "
-            f"{gib_text(s['peak_bytes'])} in {s['peak_phase']} + {gib_text(s['headroom_bytes'])} headroom > "
-            f"{gib_text(s['gpu_bytes'])}: {gib_text(s['bytes'])} short (more nodes or GPUs with more memory)")
+            f"ep{t.ep} dp{t.dp} -> infer tp{i.tp}")
+    if "shard_bytes" in s:
+        why = (f", holds a generation shard of at least {gib_text(s['shard_bytes'])} > the largest rollout share "
+               f"{MAX_SHARE:g} * {gib_text(s['gpu_bytes'])} = {gib_text(s['share_bytes'])}")
+    else:
+        why = (f" with offload={s['offload']} and the smallest budgets, plans {gib_text(s['peak_bytes'])} in "
+               f"{s['peak_phase']} + {gib_text(s['headroom_bytes'])} headroom > {gib_text(s['gpu_bytes'])}")
+    return f"{head}{why}: {gib_text(s['bytes'])} short (more nodes or GPUs with more memory)"
 
 
 def render_table(result: SolveResult, rows: list[dict]) -> str:

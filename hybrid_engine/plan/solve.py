@@ -141,7 +141,9 @@ class SolveResult:
     """evaluated layouts that fit"""
     seconds: float = 0.0
     shortfall: dict | None = None
-    """when nothing fits: the layout closest to fitting, its peak phase and how many bytes it lacks"""
+    """when nothing fits: the layout closest to fitting and how many bytes it lacks: ``peak_phase``/``peak_bytes``
+    (planned at full offload and the lightest settings) or ``shard_bytes``/``share_bytes`` (its generation shard
+    against the largest rollout share); None when no layout was allowed at all"""
     refused: dict[str, int] = field(default_factory=dict)
     """why layouts were not allowed: rule -> count"""
     gpu: GpuFigures | None = None
@@ -239,6 +241,8 @@ class _Solver:
         self.dense_elems = self.spec.numel - self.expert_elems
         self.headroom = int(self.base.min_headroom_gib * GIB)
         self.gpu_bytes = self.cluster.memory_bytes
+        self.closest_shard: dict | None = None
+        """the layout whose generation shard overshoots the largest rollout share the least (never planned)"""
 
     # settings ---------------------------------------------------------------------------------------------------
     def actor_options(self, layout: _Layout) -> list[dict]:
@@ -418,9 +422,15 @@ class _Solver:
                     continue
                 for infer in _infer_layouts(request.arch, self.cluster, request.rollout, refused):
                     result.considered += 1
-                    if self.split_elems(infer.tp, infer.pp, infer.ep) * self.dtype > share_cap:
+                    shard = self.split_elems(infer.tp, infer.pp, infer.ep) * self.dtype
+                    if shard > share_cap:
                         refused["generation shard > largest rollout share"] = \
                             refused.get("generation shard > largest rollout share", 0) + 1
+                        short = int(shard - share_cap)
+                        if self.closest_shard is None or short < self.closest_shard["bytes"]:
+                            self.closest_shard = {"bytes": short, "strategy": strategy, "train": train,
+                                                  "infer": infer, "offload": "full", "shard_bytes": int(shard),
+                                                  "share_bytes": int(share_cap), "gpu_bytes": self.gpu_bytes}
                         continue
                     try:
                         groups = hybrid_groups(train, infer, fsdp=fsdp, placement="auto")
@@ -461,6 +471,7 @@ def solve(request: SolveRequest) -> SolveResult:
         found.sort(key=lambda c: c.time.total)
     result.candidates = found[:request.top]
     if not found:
-        result.shortfall = closest
+        shard = solver.closest_shard
+        result.shortfall = closest or shard  # a planned shortfall; a shard's is a lower bound, for want of one
     result.seconds = time.perf_counter() - start
     return result
