@@ -260,7 +260,18 @@ class _Solver:
     def settings(self, layout: _Layout, offload: str, actor: dict, log_prob: dict, share: float) -> PlanSettings:
         s = replace(self.base, strategy=layout.strategy, param_offload=offload in ("param", "full"),
                     optimizer_offload=offload in ("optimizer", "full"), gpu_memory_utilization=share)
-        return replace(s, **actor, **log_prob)
+        return replace(s, **actor, **log_prob, **self.per_gpu_batches(layout.train.dp))
+
+    def per_gpu_batches(self, dp: int) -> dict:
+        """The sequences one GPU trains on per optimizer step and scores per log-prob pass at this dp, where the
+        run's settings know them (they cap dynamic micro-batches)."""
+        out = {}
+        n, w = self.base.rollout_n, self.request.workload
+        for key, prompts in (("mini_batch_sequences_per_gpu", w.ppo_mini_batch_size),
+                             ("rollout_sequences_per_gpu", w.train_batch_size)):
+            if getattr(self.base, key, None) is not None:
+                out[key] = prompts * n // dp
+        return out
 
     def memory(self, layout: _Layout, settings: PlanSettings) -> dict:
         return estimate_memory(self.spec, layout.groups, self.cluster, settings, layout.weights)
