@@ -40,11 +40,44 @@ def offload_keys(strategy: str) -> tuple[str, str] | None:
     return tuple(f"actor_rollout_ref.actor.{section}.{name}_offload" for name in ("param", "optimizer"))
 
 
-def plan_settings(cfg: DictConfig, has_critic: bool, has_ref: bool) -> PlanSettings:
+def data_parallel_size(cfg: DictConfig) -> int:
+    """Ranks that split the batch: every rank under FSDP (ulysses aside), world / (tp * pp * cp) under Megatron."""
+    sel = lambda key, default=1: OmegaConf.select(cfg, key, default=default)  # noqa: E731
+    world = int(sel("cluster.nnodes")) * int(sel("cluster.gpus_per_node"))
+    if str(sel("strategy.name", "fsdp2")) != "megatron":
+        return max(world // int(sel("layout.train.cp", 1) or 1), 1)
+    model_parallel = int(sel("layout.train.tp", 1)) * int(sel("layout.train.pp", 1)) * int(sel("layout.train.cp", 1))
+    return max(world // max(model_parallel, 1), 1)
+
+
+def batch_sequences_per_gpu(cfg: DictConfig) -> tuple[int | None, int | None]:
+    """(sequences per GPU per optimizer step, per log-prob pass): ppo_mini_batch_size and train_batch_size, each
+    * rollout.n / dp; None where a key is missing or the division leaves a remainder (validation reports that)."""
+    sel = lambda key: OmegaConf.select(cfg, key, default=None)  # noqa: E731
+    try:
+        n, dp = int(sel("actor_rollout_ref.rollout.n") or 1), data_parallel_size(cfg)
+        mini, batch = sel("actor_rollout_ref.actor.ppo_mini_batch_size"), sel("data.train_batch_size")
+    except (TypeError, ValueError):
+        return None, None
+
+    def per_gpu(value):
+        return int(value) * n // dp if isinstance(value, int) and value > 0 and int(value) * n >= dp else None
+
+    return per_gpu(mini), per_gpu(batch)
+
+
+def plan_settings(cfg: DictConfig, has_critic: bool, has_ref: bool, *, budgets: tuple[int, int] | None = None
+                  ) -> PlanSettings:
     """The planner's inputs, read from the verl keys of the run's config and the roles verl gives it (offload from
-    the actor's engine keys, which offload/ fills: a verl example that types them is planned as it runs)."""
+    the actor's engine keys, which offload/ fills: a verl example that types them is planned as it runs).
+    ``budgets``: (update, log-prob) token budgets to plan with instead of reading the config's (the auto budget
+    plans before they exist)."""
     sel = lambda key, default=None: OmegaConf.select(cfg, key, default=default)  # noqa: E731
     actor = "actor_rollout_ref.actor"
+    if budgets is None:
+        budgets = (int(sel(f"{actor}.ppo_max_token_len_per_gpu")),
+                   int(sel("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu")))
+    mini_per_gpu, batch_per_gpu = batch_sequences_per_gpu(cfg)
     offload = load_section(Offload, cfg.get("offload"), "offload")
     keys = offload_keys(cfg.strategy.name)
     param, optimizer = (bool(sel(keys[0], offload.param)), bool(sel(keys[1], offload.optimizer))) if keys else (
@@ -56,13 +89,13 @@ def plan_settings(cfg: DictConfig, has_critic: bool, has_ref: bool) -> PlanSetti
         dtype="bfloat16",
         max_prompt_length=int(sel("data.max_prompt_length")),
         max_response_length=int(sel("data.max_response_length")),
-        ppo_max_token_len_per_gpu=int(sel(f"{actor}.ppo_max_token_len_per_gpu")),
-        log_prob_max_token_len_per_gpu=int(sel("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu")),
+        ppo_max_token_len_per_gpu=budgets[0],
+        log_prob_max_token_len_per_gpu=budgets[1],
         use_dynamic_bsz=bool(sel(f"{actor}.use_dynamic_bsz")),
         ppo_micro_batch_size_per_gpu=int(sel(f"{actor}.ppo_micro_batch_size_per_gpu") or 1),
         log_prob_micro_batch_size_per_gpu=max(
             int(sel("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu") or 0),
-            int(sel("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu") or 0),
+            int(sel("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu") or 0) if has_ref else 0,
         )
         or None,
         gradient_checkpointing=bool(sel("actor_rollout_ref.model.enable_gradient_checkpointing")),
@@ -71,6 +104,12 @@ def plan_settings(cfg: DictConfig, has_critic: bool, has_ref: bool) -> PlanSetti
         has_critic=has_critic,
         has_ref=has_ref,
         rollout_n=int(sel("actor_rollout_ref.rollout.n")),
+        rollout_engine=str(sel("actor_rollout_ref.rollout.name", "vllm")),
+        use_remove_padding=bool(sel("actor_rollout_ref.model.use_remove_padding", True)),
+        use_torch_compile=bool(sel(f"{actor}.use_torch_compile", True)),
+        update_entropy=float(sel(f"{actor}.entropy_coeff", 0) or 0) != 0,
+        mini_batch_sequences_per_gpu=mini_per_gpu,
+        rollout_sequences_per_gpu=batch_per_gpu,
     )
 
 

@@ -41,7 +41,12 @@ from hybrid_engine.model_spec import ModelSpec
 from hybrid_engine.plan.bytes import expert_counts, fsdp_chunk, stage_bounds, stage_tables
 from hybrid_engine.plan.settings import GIB, ClusterSpec, PlanSettings, dtype_bytes
 
-__all__ = ["estimate_memory", "kv_bytes_per_token"]
+__all__ = ["HOST_ROLLOUTS", "estimate_memory", "fsdp_pass_bytes", "kv_bytes_per_token", "utilization_bounds"]
+
+HOST_ROLLOUTS = ("hf",)
+"""Rollout engines that hold nothing on the GPU: the pack's HF-transformers server keeps its model in host memory."""
+HOST_KV_TOKENS = 2**62
+"""KV capacity reported for a host rollout: its cache grows in host memory, not in a GPU reservation."""
 
 
 def _fsdp_shard_elems(spec: ModelSpec, world: int) -> int:
@@ -110,25 +115,125 @@ def _training_state(spec: ModelSpec, groups: HybridGroups, settings: PlanSetting
     }
 
 
+ENTROPY_EAGER_BYTES = 12
+"""Bytes per (token, vocabulary entry), beyond the logits, of verl's eager full-vocabulary entropy
+(``verl_F.entropy_from_logits``: softmax, then logsumexp over the vocabulary): measured 14.0 B per entry in all, with
+the 2-B logits, on an H200 at two micro-batch sizes (scripts/gpu/results/2026-12-01-h200-memory); CUDA's reductions
+take fp32 copies of the whole (tokens, vocabulary) tensor (a CPU profile of the same code shows 6)."""
+
+
+def _layer_bytes_per_token(arch, compute: int, seq: int, flash_attention: bool) -> int:
+    """Bytes autograd keeps per token for one decoder layer (no recomputation), as HF's Llama/Qwen layers save them:
+    two RMSNorms (each its fp32 input, the normalised and the weighted output), attention (q, k, v and the output,
+    each held twice: by the projection or RoPE and by the attention kernel), the gated MLP (gate, up, act(gate),
+    their product). Without flash attention the scores add 5 * heads * seq (Korthikanti et al. 2022)."""
+    h = arch.hidden_size
+    head_dim = arch.head_dim or h // arch.num_attention_heads
+    q, kv = arch.num_attention_heads * head_dim, arch.num_key_value_heads * head_dim
+    if arch.is_moe:
+        inter = arch.moe_intermediate_size * (arch.num_experts_per_tok + arch.num_shared_experts)
+        inter += arch.shared_expert_intermediate_size
+    else:
+        inter = arch.intermediate_size
+    norms = 2 * (4 + 2 * compute) * h
+    attention = compute * (4 * q + 4 * kv)
+    scores = 0 if flash_attention else 5 * arch.num_attention_heads * seq
+    return norms + attention + compute * 4 * inter + scores
+
+
+def _micro_batch_tokens(settings: PlanSettings) -> tuple[int, int]:
+    """Tokens of the largest update and log-prob micro-batch per GPU (padded for fixed micro-batches).
+
+    Dynamic: verl forms ceil(tokens / budget) micro-batches and balances them (``rearrange_micro_batches``), so the
+    budget bounds the average; a pass never holds more than its sequences: the PPO mini-batch per GPU (update) or the
+    rollout batch per GPU (log-prob), when known. Fixed: micro-batch sequences * (prompt + response)."""
+    seq = settings.sequence_length
+    if not settings.use_dynamic_bsz:
+        update = settings.ppo_micro_batch_size_per_gpu * seq
+        log_prob = (settings.log_prob_micro_batch_size_per_gpu or settings.ppo_micro_batch_size_per_gpu) * seq
+        return update, log_prob
+    update = settings.ppo_max_token_len_per_gpu
+    log_prob = settings.log_prob_max_token_len_per_gpu or settings.ppo_max_token_len_per_gpu
+    if settings.mini_batch_sequences_per_gpu:
+        update = min(update, settings.mini_batch_sequences_per_gpu * seq)
+    if settings.rollout_sequences_per_gpu:
+        log_prob = min(log_prob, settings.rollout_sequences_per_gpu * seq)
+    return update, log_prob
+
+
+def fsdp_pass_bytes(spec: ModelSpec, settings: PlanSettings, tokens: int, real_tokens: int | None = None) -> dict:
+    """Bytes one FSDP micro-batch of ``tokens`` (computed; ``real_tokens`` of them real, padding excluded) adds on top
+    of the resident states, per pass, as verl 0.9.1's FSDP engine runs it:
+
+    log_prob   the logits (tokens * vocab * dtype); the eager entropy (``ENTROPY_EAGER_BYTES`` per entry) unless the
+               remove-padding path runs it compiled (``use_torch_compile``: fused, nothing extra); padded micro-batches
+               copy the real tokens' logits out (``torch.cat``) once the entropy is done.
+    update     the logits; padded: that copy and the padded logits' gradient (flash-attn's cross-entropy writes its
+               gradient in place); the layers autograd keeps (checkpointing: each layer's input; else every layer's
+               saved tensors) and the final norm's; the peak is the larger of the logits' moment and, with
+               checkpointing, one layer recomputed; plus the unsharded root parameters (embedding, head, final norm).
+    """
+    arch = spec.arch
+    compute = dtype_bytes(settings.dtype)
+    real = tokens if real_tokens is None else real_tokens
+    h, layers, vocab = arch.hidden_size, arch.num_hidden_layers, arch.vocab_size
+    layer = _layer_bytes_per_token(arch, compute, settings.sequence_length, settings.flash_attention)
+    logits = tokens * vocab * compute
+    compiled = settings.use_remove_padding and settings.use_torch_compile
+    entropy = 0 if compiled else tokens * vocab * ENTROPY_EAGER_BYTES
+    copy = 0 if settings.use_remove_padding else real * vocab * compute
+    padded_grad = 0 if settings.use_remove_padding else logits
+    final_norm = tokens * (4 + 2 * compute) * h
+    kept = tokens * (compute * h * layers if settings.gradient_checkpointing else layer * layers)
+    update_entropy = (tokens * vocab * compute if compiled else entropy) if settings.update_entropy else 0
+    at_logits = logits + copy + padded_grad + update_entropy + kept + final_norm
+    recompute = kept + tokens * layer + final_norm if settings.gradient_checkpointing else 0
+    root = sum(t.numel for t in spec.tensors if t.layer is None and t.tied_to is None) * compute
+    return {
+        "tokens": tokens,
+        "real_tokens": real,
+        "logits": logits,
+        "layers_kept": kept,
+        "log_prob": logits + (max(entropy, copy) if settings.log_prob_entropy else copy),
+        "log_prob_no_entropy": logits + copy,
+        "update": max(at_logits, recompute) + root,
+        "update_logits": logits + copy + padded_grad + update_entropy,
+        "formula": (
+            "update: tokens * (vocab * dtype [+ padded copy and grad] + layers kept + final norm) + root params; "
+            "log_prob: tokens * vocab * dtype [+ eager entropy 12 B/entry]"
+        ),
+    }
+
+
 def _activations(spec: ModelSpec, groups: HybridGroups, settings: PlanSettings, fsdp: bool) -> dict[str, int]:
+    tokens, log_prob_tokens = _micro_batch_tokens(settings)
+    if fsdp:
+        update = fsdp_pass_bytes(spec, settings, tokens)
+        log_prob = fsdp_pass_bytes(spec, settings, log_prob_tokens)
+        return {
+            "tokens_per_micro_batch": tokens,
+            "layers_kept": spec.arch.num_hidden_layers,
+            "activations": update["update"] - update["update_logits"],
+            "logits": update["update_logits"],
+            "log_prob_tokens": log_prob_tokens,
+            "log_prob_activations": 0,
+            "log_prob_logits": log_prob["log_prob"],
+            "log_prob_ref_logits": log_prob["log_prob_no_entropy"],
+            "formula": update["formula"],
+        }
+    return _megatron_activations(spec, groups, settings, tokens, log_prob_tokens)
+
+
+def _megatron_activations(spec, groups, settings, tokens: int, log_prob_tokens: int) -> dict[str, int]:
+    """Megatron (not measured on a GPU yet): Korthikanti et al. 2022 with 2-byte activations divided by tp (sequence
+    parallel), the layers of p in-flight micro-batches on the first stage (1F1B); fp32 logits, twice in training."""
     arch = spec.arch
     h, layers, vocab = arch.hidden_size, arch.num_hidden_layers, arch.vocab_size
     seq = settings.sequence_length
-    if settings.use_dynamic_bsz:
-        tokens = settings.ppo_max_token_len_per_gpu
-    else:
-        tokens = settings.ppo_micro_batch_size_per_gpu * seq
-    log_prob_tokens = settings.log_prob_max_token_len_per_gpu or settings.ppo_max_token_len_per_gpu
-    if not settings.use_dynamic_bsz:
-        log_prob_tokens = (settings.log_prob_micro_batch_size_per_gpu or settings.ppo_micro_batch_size_per_gpu) * seq
     attention_scores = 0 if settings.flash_attention else 5 * arch.num_attention_heads * seq
     full_layer = 34 * h + attention_scores
-    tp = 1 if fsdp else groups.train.tp
-    if fsdp:
-        layers_kept = layers
-    else:
-        p = groups.train.pp
-        layers_kept = math.ceil(layers / p) * p  # first stage: p micro-batches in flight (1F1B)
+    tp, p = groups.train.tp, groups.train.pp
+    layers_kept = math.ceil(layers / p) * p
     if settings.gradient_checkpointing:
         per_token = 2 * h * layers_kept + full_layer
         formula = "tokens * (2*h*layers + (34*h + attn)) / tp"
@@ -143,6 +248,7 @@ def _activations(spec: ModelSpec, groups: HybridGroups, settings: PlanSettings, 
         "log_prob_tokens": log_prob_tokens,
         "log_prob_activations": log_prob_tokens * full_layer // tp,
         "log_prob_logits": log_prob_tokens * vocab * 4 // tp,
+        "log_prob_ref_logits": log_prob_tokens * vocab * 4 // tp,
         "formula": formula,
     }
 
@@ -166,10 +272,14 @@ def estimate_memory(
     critic = dict(actor) if settings.has_critic else None
     ref_params = actor["param_elems"] * compute if settings.has_ref else 0
 
-    reserved = int(settings.gpu_memory_utilization * gpu)
+    host_rollout = settings.rollout_engine in HOST_ROLLOUTS
+    reserved = 0 if host_rollout else int(settings.gpu_memory_utilization * gpu)
     kv_cache = reserved - generation_weight_bytes
     per_token = kv_bytes_per_token(spec, groups.t_g, groups.p_g, compute)
-    kv_tokens = max(kv_cache, 0) // per_token if per_token else 0
+    if host_rollout:
+        kv_cache, kv_tokens = 0, HOST_KV_TOKENS
+    else:
+        kv_tokens = max(kv_cache, 0) // per_token if per_token else 0
 
     def resident(state: dict[str, int] | None) -> int:
         """What a trained model keeps on the GPU outside its own update."""
@@ -210,6 +320,18 @@ def estimate_memory(
     peak_phase = max(phases, key=phases.get)
     peak = phases[peak_phase]
     headroom = gpu - peak
+    min_headroom = int(settings.min_headroom_gib * GIB)
+    # what the GPU holds beside the engine while the engine is awake (a sleeping engine wakes for generation only)
+    awake_phases = ("generation",) if settings.free_cache_engine else tuple(phases)
+    beside_engine = max(phases[name] - reserved for name in awake_phases)
+    share = utilization_bounds(
+        gpu=gpu,
+        min_headroom=min_headroom,
+        beside_engine=beside_engine,
+        engine_floor=generation_weight_bytes + settings.sequence_length * per_token,
+        configured=settings.gpu_memory_utilization,
+        host_rollout=host_rollout,
+    )
     return {
         "gpu_bytes": gpu,
         "actor": {key: value for key, value in actor.items() if key != "param_elems"},
@@ -223,10 +345,12 @@ def estimate_memory(
             "log_prob_tokens": acts["log_prob_tokens"],
             "log_prob_activations": acts["log_prob_activations"],
             "log_prob_logits": acts["log_prob_logits"],
+            "log_prob_ref_logits": acts["log_prob_ref_logits"],
             "gradient_checkpointing": settings.gradient_checkpointing,
             "formula": acts["formula"],
         },
         "rollout": {
+            "engine": settings.rollout_engine,
             "reserved": reserved,
             "weights": generation_weight_bytes,
             "kv_cache": kv_cache,
@@ -234,11 +358,36 @@ def estimate_memory(
             "kv_cache_tokens": kv_tokens,
             "sequences_in_cache": kv_tokens // settings.sequence_length,
             "sleeps_during_training": settings.free_cache_engine,
+            "gpu_memory_utilization": share,
         },
         "phases": phases,
         "peak_phase": peak_phase,
         "peak_bytes": peak,
         "headroom_bytes": headroom,
-        "min_headroom_bytes": int(settings.min_headroom_gib * GIB),
-        "fits": headroom >= settings.min_headroom_gib * GIB and kv_cache > 0,
+        "min_headroom_bytes": min_headroom,
+        "fits": headroom >= min_headroom and (kv_cache > 0 or host_rollout),
+    }
+
+
+def utilization_bounds(*, gpu: int, min_headroom: int, beside_engine: int, engine_floor: int, configured: float,
+                       host_rollout: bool) -> dict:
+    """The rollout engine's share of the GPU (``gpu_memory_utilization``) that works: at most what the GPU has left
+    beside what the training side holds while the engine is awake (sleeping engine: the resident states during
+    generation, when it wakes and re-takes its share; awake engine: the larger training or log-prob pass) and the
+    headroom; at least its generation weights and one sequence's KV cache. vLLM refuses to start (or to wake) when
+    the free memory is below its share: the wake-up OOM of colocated runs."""
+    if host_rollout:
+        return {"configured": configured, "max": None, "min": None, "ok": True,
+                "why": "the rollout runs outside the GPU (HF transformers on the host): nothing reserved"}
+    most = math.floor((gpu - min_headroom - beside_engine) / gpu * 100) / 100
+    least = math.ceil(engine_floor / gpu * 100) / 100
+    return {
+        "configured": configured,
+        "max": most,
+        "min": least,
+        "ok": least <= configured <= most,
+        "beside_engine_bytes": beside_engine,
+        "why": f"(GPU {gpu / GIB:.1f} GiB - headroom {min_headroom / GIB:.1f} - training side while the engine is "
+        f"awake {beside_engine / GIB:.1f}) / GPU = {most:.2f} at most; (generation weights + one sequence's KV "
+        f"{engine_floor / GIB:.2f} GiB) / GPU = {least:.2f} at least",
     }

@@ -1,6 +1,7 @@
 """Inputs of the plan besides the layouts: the cluster (``ClusterSpec``) and the run's settings (``PlanSettings``).
 
-The recipes fill both from the Hydra config (recipes/plan.py); every field has a default so tests and scripts can build them small.
+The recipes fill both from the Hydra config (recipes/plan.py); every field has a default so tests and scripts can
+build them small.
 """
 
 from __future__ import annotations
@@ -102,6 +103,25 @@ class PlanSettings:
     """Attention never materialises the seq x seq scores (flash-attn / sdpa); False adds 5*heads*seq per token."""
     min_headroom_gib: float = 2.0
     """Memory to keep free (CUDA context, NCCL buffers, fragmentation) for a plan to count as fitting."""
+    rollout_engine: str = "vllm"
+    """The rollout engine: vllm and sglang reserve gpu_memory_utilization of the GPU; hf holds nothing there
+    [rollout.name]."""
+    use_remove_padding: bool = True
+    """Micro-batches packed without padding tokens; False pads each to its longest sequence
+    [model.use_remove_padding]."""
+    use_torch_compile: bool = True
+    """verl compiles its entropy on the remove-padding path (fused: no (tokens, vocab) temporaries)
+    [actor.use_torch_compile]."""
+    log_prob_entropy: bool = True
+    """The actor's log-prob pass computes the full-vocabulary entropy (verl's trainer asks for it); the ref's does
+    not."""
+    update_entropy: bool = False
+    """The update computes the entropy too: an entropy bonus [actor.entropy_coeff != 0]."""
+    mini_batch_sequences_per_gpu: int | None = None
+    """Sequences one GPU trains on per optimizer step: ppo_mini_batch_size * rollout.n / dp; None = unknown. A dynamic
+    update micro-batch never holds more."""
+    rollout_sequences_per_gpu: int | None = None
+    """Sequences one GPU scores per log-prob pass: train_batch_size * rollout.n / dp; None = unknown."""
 
     @classmethod
     def with_offload(cls, offload: str, **kwargs) -> PlanSettings:

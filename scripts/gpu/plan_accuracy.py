@@ -71,17 +71,106 @@ def dynamic_rows(data: dict) -> list[dict]:
     return rows
 
 
-def collect(handoffs: list[Path], dynamics: list[Path]) -> dict:
+PASSES = (
+    ("log-prob pass, entropy", "log_prob_entropy", "log_prob"),
+    ("log-prob pass, no entropy", "log_prob_no_entropy", "log_prob_no_entropy"),
+    ("update pass", "update", "update"),
+)
+
+
+def bench_settings(row: dict, data: dict):
+    """The planner's settings for one recorded bench_memory row: the row's own composed config, as ``action=plan``
+    reads it, with the benchmark's roles (only the actor: no reference model, no rollout engine) and batch."""
+    import dataclasses
+
+    from recipes.compose import compose_recipe
+    from recipes.plan import plan_settings
+
+    cfg = compose_recipe("grpo", list(row["overrides"]))
+    settings = plan_settings(cfg, has_critic=False, has_ref=False)
+    batch = data["batch"]
+    return dataclasses.replace(settings, free_cache_engine=True, mini_batch_sequences_per_gpu=batch["mini_batch"],
+                               rollout_sequences_per_gpu=batch["sequences"])
+
+
+def static_bytes(memory: dict) -> dict[str, int]:
+    """The actor's resident bytes in each pass (no ref, no engine): log-prob passes run between optimizer steps, with
+    the gradients freed; the update holds params, grads and optimizer states."""
+    actor = memory["actor"]
+    resident = actor["params"] + actor["optimizer"] + actor["master_weights"] + actor["unsharded_layers"]
+    return {"log_prob": resident, "update": resident + actor["grads"]}
+
+
+def memory_matrix_rows(data: dict) -> list[dict]:
+    """Per recorded row and pass of bench_memory.py: the plan of the row's config (micro-batches at their configured
+    size), the memory model at the micro-batches verl actually formed (from the record), and the measured peak."""
+    from hybrid_engine.groups import hybrid_groups
+    from hybrid_engine.layout import InferLayout, TrainLayout
+    from hybrid_engine.model_spec import build_spec, load_arch
+    from hybrid_engine.plan.memory import estimate_memory, fsdp_pass_bytes
+    from hybrid_engine.plan.settings import ClusterSpec
+
+    spec = build_spec(load_arch(data["model"]))
+    groups = hybrid_groups(TrainLayout(dp=1).resolve(1), InferLayout(tp=1).resolve(1), fsdp=True)
+    cluster = ClusterSpec(nnodes=1, gpus_per_node=1, memory_gib=data["environment"]["gpu_memory_bytes"] / GIB)
+    out = []
+    for name, row in data["rows"].items():
+        if "error" in row:
+            continue
+        settings = bench_settings(row, data)
+        memory = estimate_memory(spec, groups, cluster, settings, spec.numel * 2)
+        static = static_bytes(memory)
+        acts = memory["activations"]
+        planned = {
+            "log_prob": static["log_prob"] + acts["log_prob_logits"],
+            "log_prob_no_entropy": static["log_prob"] + acts["log_prob_ref_logits"],
+            "update": memory["phases"]["training"],
+        }
+        for label, key, model_key in PASSES:
+            measured = row[key]["peak_bytes"]
+            if measured is None:
+                continue
+            at_measured = static["update" if key == "update" else "log_prob"] + max(
+                fsdp_pass_bytes(spec, settings, *micro)[model_key] for micro in micro_batches(row[key], settings)
+            )
+            out.append({
+                "run": f"actor {data['model']} {name}",
+                "phase": label,
+                "planned_bytes": planned[model_key],
+                "model_at_measured_bytes": at_measured,
+                "measured_bytes": measured,
+                "micro_batch_tokens": max(t for t, _ in micro_batches(row[key], settings)),
+                "planner": "estimate_memory on the row's composed config (no ref, no engine); the model at the "
+                           "micro-batches verl formed: hybrid_engine.plan.memory.fsdp_pass_bytes",
+            })
+    return out
+
+
+def micro_batches(record: dict, settings) -> list[tuple[int, int]]:
+    """(computed tokens, real tokens) of each micro-batch verl formed in one pass: padded ones compute their padding."""
+    pairs = []
+    for call in record["micro_batches"]:
+        for real, padded in zip(call["real"], call["padded"], strict=True):
+            pairs.append((real if settings.use_remove_padding else padded, real))
+    return pairs
+
+
+def collect(handoffs: list[Path], dynamics: list[Path], memories: list[Path] = ()) -> dict:
     rows = []
-    missing = [str(p) for p in [*handoffs, *dynamics] if not Path(p).is_file()]
+    missing = [str(p) for p in [*handoffs, *dynamics, *memories] if not Path(p).is_file()]
     for path in handoffs:
         if Path(path).is_file():
             rows += handoff_rows(json.loads(Path(path).read_text()))
     for path in dynamics:
         if Path(path).is_file():
             rows += dynamic_rows(json.loads(Path(path).read_text()))
+    for path in memories:
+        if Path(path).is_file():
+            rows += memory_matrix_rows(json.loads(Path(path).read_text()))
     for row in rows:
         row["error_pct"] = pct_error(row["planned_bytes"], row["measured_bytes"])
+        if "model_at_measured_bytes" in row:
+            row["model_error_pct"] = pct_error(row["model_at_measured_bytes"], row["measured_bytes"])
         row["within_target"] = abs(row["error_pct"]) <= TARGET_PCT
     return {
         "target_pct": TARGET_PCT,
@@ -106,9 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--handoff", type=Path, nargs="*", default=[])
     parser.add_argument("--dynamic", type=Path, nargs="*", default=[])
+    parser.add_argument("--memory", type=Path, nargs="*", default=[], help="bench_memory.py JSONs")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
-    result = collect(args.handoff, args.dynamic)
+    result = collect(args.handoff, args.dynamic, args.memory)
     print(render(result))
     write_json(args.json, result)
     return 0
