@@ -21,6 +21,7 @@ from hybrid_engine.plan.settings import FSDP_FAMILY, ClusterSpec, PlanSettings
 from hybrid_engine.plan.solve import MAX_SHARE, Candidate, SolveRequest, SolveResult, solve
 from hybrid_engine.plan.step_time import Workload
 from recipes.confdir import entry_command
+from recipes.defaults import chooses_layout
 from recipes.layout_keys import LAYOUT_FED_KEYS
 from recipes.overrides import override_key
 
@@ -115,9 +116,9 @@ def command_overrides(candidate: Candidate, cfg: DictConfig, use_critic: bool) -
 
 def command_line(recipe: str, typed: list[str], candidate: Candidate, cfg: DictConfig, use_critic: bool) -> str:
     kept = [arg for arg in typed if not _decided(arg)]
-    if not any(override_key(arg) == "cluster" for arg in kept):
-        # the cluster planned for, by name: also what makes the command a GPU run on a machine without one (no
-        # embedded CPU default, recipes/defaults.py)
+    if not chooses_layout(kept):
+        # the cluster planned for, by name: what makes the command a GPU run on a machine without one (no embedded
+        # CPU default, recipes/defaults.py); an experiment= or cluster= kept says so already
         kept.append(f"cluster={OmegaConf.select(cfg, 'cluster.gpu.name')}")
     words = [*entry_command(recipe), *kept, *command_overrides(candidate, cfg, use_critic)]
     return " ".join(shlex.quote(word) for word in words)

@@ -34,6 +34,7 @@ MATRIX = [
     ("kl_ppo", ["model=llama3_1_70b", "cluster=h100_80g", "cluster.nnodes=4"]),
     ("grpo", ["model=qwen3_30b_a3b", "cluster=h100_80g", "cluster.nnodes=2"]),
     ("grpo", ["model=tiny", "cluster=a100_80g", "cluster.gpus_per_node=4"]),
+    ("kl_ppo", ["experiment=kl_ppo-qwen2_7b-2n8g-fsdp2_prefetch-vllm_tp2"]),
 ]
 
 
