@@ -5,6 +5,8 @@
 - ``memory``: memory per GPU of a colocated run, phase by phase.
 - ``build``: the ``Plan`` and ``build_plan`` / ``plan_from_names``.
 - ``render``: how a plan is shown: the JSON document (schema), the text table, the rank-grid picture.
+- ``solve``: the layout search (``plan.solve=true``): the fastest layouts that fit, with their settings.
+- ``step_time``: the step-time estimate the search ranks by (generation, log-prob, update, weight sync).
 
 Entry point for the recipes::
 
@@ -14,5 +16,8 @@ Entry point for the recipes::
 
 from hybrid_engine.plan.build import Plan, build_plan, plan_from_names
 from hybrid_engine.plan.settings import ClusterSpec, PlanSettings
+from hybrid_engine.plan.solve import Candidate, SolveRequest, SolveResult, solve
+from hybrid_engine.plan.step_time import StepTime, Workload
 
-__all__ = ["ClusterSpec", "Plan", "PlanSettings", "build_plan", "plan_from_names"]
+__all__ = ["Candidate", "ClusterSpec", "Plan", "PlanSettings", "SolveRequest", "SolveResult", "StepTime", "Workload",
+           "build_plan", "plan_from_names", "solve"]
