@@ -142,10 +142,16 @@ def run_plan(checked, out=sys.stdout) -> int:
     for warning in checked.warnings:
         if warning not in plan.warnings:
             plan.warnings.append(warning)
+    from recipes.budget import auto_budgets, budget_lines  # lazy: recipes.budget plans through this module
+
     if fmt == "json":
-        print(json.dumps(plan.to_dict(), indent=2, default=str), file=out)
+        document = plan.to_dict()
+        document["token_budgets"] = {"lines": budget_lines(cfg), "auto": auto_budgets(cfg)}
+        print(json.dumps(document, indent=2, default=str), file=out)
     else:
         print(plan.render_table(), file=out)
+        for line in budget_lines(cfg):
+            print(line, file=out)
     picture = keys.picture
     if picture:
         path = Path(str(picture)).expanduser()

@@ -31,9 +31,12 @@ def _megatron_only(strategy: str, degree) -> int:
     return int(degree) if strategy == "megatron" else 1
 
 
-def _token_budget(factor, max_prompt_length, max_response_length) -> int:
-    """Tokens per GPU per micro-batch: factor * (max_prompt_length + max_response_length), rounded down."""
-    return int(float(factor) * (int(max_prompt_length) + int(max_response_length)))
+def _token_budget(factor, max_prompt_length, max_response_length, role="actor", *, _root_=None) -> int:
+    """Tokens per GPU per micro-batch of ``role`` (actor, logprob, critic): factor * (max_prompt_length +
+    max_response_length), rounded down; a null factor: the memory model's auto budget (recipes.budget)."""
+    from recipes.budget import token_budget  # lazy: the planner loads only for a config that asks for it
+
+    return token_budget(str(role), factor, max_prompt_length, max_response_length, _root_)
 
 
 def _nccl_env(env, megatron_env, strategy: str) -> dict:

@@ -189,6 +189,14 @@ def _warnings(plan: Plan, spec: ModelSpec) -> list[str]:
             out.append(
                 f"rollout: KV cache holds {m['rollout']['kv_cache_tokens']} tokens < one sequence ({seq} tokens)"
             )
+        share = m["rollout"].get("gpu_memory_utilization") or {}
+        if share.get("max") is not None and not share["ok"]:
+            out.append(
+                f"rollout.gpu_memory_utilization: {share['configured']:g} is outside {share['min']:.2f} to"
+                f" {share['max']:.2f}, the share that leaves the training side its peak plus"
+                f" {s.min_headroom_gib:g} GiB headroom when the engine wakes (and holds its weights and one sequence):"
+                f" {share['why']}"
+            )
         if not m["fits"]:
             out.append(
                 f"memory: peak {gib_text(m['peak_bytes'])} in {m['peak_phase']} leaves"

@@ -198,10 +198,7 @@ def fsdp_pass_bytes(spec: ModelSpec, settings: PlanSettings, tokens: int, real_t
         "log_prob_no_entropy": logits + copy,
         "update": max(at_logits, recompute) + root,
         "update_logits": logits + copy + padded_grad + update_entropy,
-        "formula": (
-            "update: tokens * (vocab * dtype [+ padded copy and grad] + layers kept + final norm) + root params; "
-            "log_prob: tokens * vocab * dtype [+ eager entropy 12 B/entry]"
-        ),
+        "formula": "tokens * (vocab * dtype [+ padded copy, grad] + kept layers + final norm) + root params",
     }
 
 

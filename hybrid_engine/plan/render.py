@@ -155,11 +155,25 @@ def render_table(plan: Plan) -> str:
             f"  acts     {acts['tokens_per_micro_batch']} tokens/micro-batch:"
             f" activations {gib_text(acts['activations'])} logits {gib_text(acts['logits'])}  [{acts['formula']}]"
         )
-        r = m["rollout"]
         lines.append(
-            f"  rollout  reserved {gib_text(r['reserved'])}: weights {gib_text(r['weights'])}"
-            f" KV cache {gib_text(r['kv_cache'])} = {r['kv_cache_tokens']} tokens ({r['sequences_in_cache']} sequences)"
+            f"  log-prob {acts['log_prob_tokens']} tokens/micro-batch: logits {gib_text(acts['log_prob_logits'])}"
+            f" (ref, no entropy: {gib_text(acts.get('log_prob_ref_logits', acts['log_prob_logits']))})"
         )
+        r = m["rollout"]
+        share = r.get("gpu_memory_utilization") or {}
+        if share.get("max") is None:
+            lines.append(f"  rollout  {r.get('engine', 'hf')}: nothing reserved on the GPU ({share.get('why', '')})")
+        else:
+            lines.append(
+                f"  rollout  reserved {gib_text(r['reserved'])}: weights {gib_text(r['weights'])}"
+                f" KV cache {gib_text(r['kv_cache'])} = {r['kv_cache_tokens']} tokens"
+                f" ({r['sequences_in_cache']} sequences)"
+            )
+            verdict = "ok" if share["ok"] else "NOT SAFE"
+            lines.append(
+                f"  share    gpu_memory_utilization {share['configured']:g} configured, {share['min']:.2f} to"
+                f" {share['max']:.2f} leaves the training side its peak + headroom when the engine wakes: {verdict}"
+            )
         lines.append("  phases   " + "  ".join(f"{k} {gib_text(v)}" for k, v in m["phases"].items()))
         verdict = "fits" if m["fits"] else "DOES NOT FIT"
         lines.append(
