@@ -14,10 +14,9 @@ from omegaconf import DictConfig, OmegaConf
 from hybrid_engine.layout import InferLayout, TrainLayout, collect_layout_errors
 from hybrid_engine.plan import build_plan
 from hybrid_engine.plan.budget import auto_token_budgets
-from hybrid_engine.plan.render import gib_text
 from recipes.plan import cluster_spec, plan_settings
 
-__all__ = ["ARTICLE_FACTORS", "auto_budgets", "budget_lines", "token_budget"]
+__all__ = ["ARTICLE_FACTORS", "auto_budgets", "token_budget"]
 
 ARTICLE_FACTORS = {"actor": 3.0, "logprob": 4.0, "critic": 6.0}
 """The source article's budgets in sequences of prompt + response (actor 2-3x, log-prob larger, critic 2x actor)."""
@@ -98,25 +97,3 @@ def token_budget(role: str, factor, max_prompt_length, max_response_length, root
     if auto is None:
         return int(ARTICLE_FACTORS[role] * seq)
     return int(auto[KEYS[role]])
-
-
-def budget_lines(cfg: DictConfig) -> list[str]:
-    """The plan's lines about the token budgets: auto or typed, with the phases' bytes and the headroom left."""
-    if OmegaConf.select(cfg, "batching.mode", default=None) != "dynamic":
-        return []
-    factors = {role: OmegaConf.select(cfg, f"batching.{role}_factor", default=None) for role in ("actor", "logprob")}
-    if all(value is not None for value in factors.values()):
-        return [f"token budgets: typed factors (actor {factors['actor']:g}x, log-prob {factors['logprob']:g}x of "
-                f"prompt+response)"]
-    auto = auto_budgets(cfg)
-    if auto is None:
-        return ["token budgets: auto could not be planned (see the errors); the source article's 3x / 4x / 6x stand"]
-    limits = auto["limits"]
-    return [
-        f"token budgets: auto (batching.*_factor null): update {auto['ppo_max_token_len_per_gpu']:,} tokens per GPU "
-        f"(limited by {limits['update']}), log-prob {auto['log_prob_max_token_len_per_gpu']:,} (limited by "
-        f"{limits['log_prob']}), critic {auto['critic_ppo_max_token_len_per_gpu']:,}; sized with a "
-        f"{auto['margin']:.0%} margin on the budget-dependent bytes",
-        f"token budgets: training {gib_text(auto['training_bytes'])}, log-prob {gib_text(auto['log_prob_bytes'])} of "
-        f"{gib_text(auto['gpu_bytes'])}: headroom {gib_text(auto['headroom_bytes'])}",
-    ]

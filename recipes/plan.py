@@ -9,6 +9,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from hybrid_engine.plan import ClusterSpec, Plan, PlanSettings, build_plan
+from hybrid_engine.plan.budget import auto_token_budgets
+from hybrid_engine.plan.render import gib_text
 from recipes.schema import PLAN_FORMATS, Cluster, Offload, SchemaError, load_section
 from recipes.schema import Plan as PlanKeys
 
@@ -120,6 +122,39 @@ def make_plan(run) -> Plan:
     return build_plan(run.arch, run.train, run.infer, cluster_spec(run.cfg), settings)
 
 
+def auto_budget_report(run) -> dict | None:
+    """The auto token budgets of a checked run (what ``batching.*_factor=null`` resolves to), or None without a plan."""
+    if run.arch is None or run.train is None or run.infer is None:
+        return None
+    seq = int(run.cfg.data.max_prompt_length) + int(run.cfg.data.max_response_length)
+    settings = plan_settings(run.cfg, run.use_critic, run.use_ref, budgets=(seq, seq))
+    plan = build_plan(run.arch, run.train, run.infer, cluster_spec(run.cfg), settings)
+    if plan.groups is None or plan.memory is None:
+        return None
+    return auto_token_budgets(plan.spec, plan.groups, plan.cluster, settings, plan.memory["rollout"]["weights"])
+
+
+def budget_lines(cfg: DictConfig, auto: dict | None) -> list[str]:
+    """The plan's lines about the token budgets: auto (factors null) or typed, the phases' bytes, the headroom."""
+    if OmegaConf.select(cfg, "batching.mode", default=None) != "dynamic":
+        return []
+    factors = {role: OmegaConf.select(cfg, f"batching.{role}_factor", default=None) for role in ("actor", "logprob")}
+    if all(value is not None for value in factors.values()):
+        return [f"token budgets: typed factors (actor {factors['actor']:g}x, log-prob {factors['logprob']:g}x of "
+                f"prompt+response)"]
+    if auto is None:
+        return ["token budgets: auto could not be planned (see the errors); the source article's 3x / 4x / 6x stand"]
+    limits = auto["limits"]
+    return [
+        f"token budgets: auto (batching.*_factor null): update {auto['ppo_max_token_len_per_gpu']:,} tokens per GPU "
+        f"(limited by {limits['update']}), log-prob {auto['log_prob_max_token_len_per_gpu']:,} (limited by "
+        f"{limits['log_prob']}), critic {auto['critic_ppo_max_token_len_per_gpu']:,}; a {auto['margin']:.0%} margin "
+        f"on the budget-dependent bytes",
+        f"token budgets: training {gib_text(auto['training_bytes'])}, log-prob {gib_text(auto['log_prob_bytes'])} of "
+        f"{gib_text(auto['gpu_bytes'])}: headroom {gib_text(auto['headroom_bytes'])}",
+    ]
+
+
 def run_plan(checked, out=sys.stdout) -> int:
     """Print the plan (table or JSON), draw the picture if asked; 2 when the plan or the config has errors."""
     cfg = checked.cfg
@@ -142,15 +177,14 @@ def run_plan(checked, out=sys.stdout) -> int:
     for warning in checked.warnings:
         if warning not in plan.warnings:
             plan.warnings.append(warning)
-    from recipes.budget import auto_budgets, budget_lines  # lazy: recipes.budget plans through this module
-
+    auto = auto_budget_report(checked)
     if fmt == "json":
         document = plan.to_dict()
-        document["token_budgets"] = {"lines": budget_lines(cfg), "auto": auto_budgets(cfg)}
+        document["token_budgets"] = {"lines": budget_lines(cfg, auto), "auto": auto}
         print(json.dumps(document, indent=2, default=str), file=out)
     else:
         print(plan.render_table(), file=out)
-        for line in budget_lines(cfg):
+        for line in budget_lines(cfg, auto):
             print(line, file=out)
     picture = keys.picture
     if picture:
