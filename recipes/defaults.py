@@ -37,9 +37,15 @@ def chooses_layout(argv: list[str]) -> bool:
     if chosen_keys(argv) & set(GPU_INTENT):
         return True
     typed = {override_key(arg) for arg in argv if not arg.startswith("~")}
-    if any(override_key(arg) == "plan.solve" and override_value(arg).strip().lower() == "true" for arg in argv):
+    if _typed(argv, "plan.solve") == "true" and _typed(argv, "action") == "plan":
         return True  # the layout search (recipes/solve.py) chooses a GPU layout for the chosen cluster
     return bool(typed & set(GPU_INTENT_KEYS))
+
+
+def _typed(argv: list[str], key: str) -> str | None:
+    """The last value typed for ``key`` (lower case), None when it was not typed."""
+    values = [override_value(arg).strip().lower() for arg in argv if override_key(arg) == key]
+    return values[-1] if values else None
 
 
 def embedded_defaults(argv: list[str], accelerator: bool) -> list[str]:

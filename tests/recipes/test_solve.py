@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from recipes.compose import compose_recipe
+from recipes.defaults import embedded_defaults
 from recipes.plan import cluster_spec, make_plan, plan_settings
 from recipes.solve import solve_run
 from recipes.validate import check, validate
@@ -155,3 +156,15 @@ def test_the_readme_shows_what_the_search_prints(done_when):
     lines = done_when.stdout.rstrip("\n").splitlines()
     check_block("<!-- solve output: tests/recipes/test_solve.py -->", "<!-- end of solve output -->",
                 [f"$ python -m recipes.kl_ppo {' '.join(DONE_WHEN)}"], lines)
+
+
+def test_plan_solve_is_a_gpu_request_only_with_action_plan():
+    assert embedded_defaults(["model=qwen2_7b", "action=plan", "plan.solve=true"], accelerator=False) == []
+    assert "cluster=cpu" in embedded_defaults(["plan.solve=true"], accelerator=False)  # training: the CPU default
+    assert "cluster=cpu" in embedded_defaults(["action=plan", "plan.solve=false"], accelerator=False)
+
+
+def test_a_bad_plan_solve_value_is_one_line_and_exit_2():
+    result = _cli("recipes.grpo", "action=plan", "plan.solve=maybe")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == "config error: plan.solve: expected a boolean, got 'maybe'"
