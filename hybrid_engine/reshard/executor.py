@@ -30,7 +30,7 @@ from hybrid_engine.layout import InferLayout, TrainLayout
 from hybrid_engine.model_spec import ModelSpec
 from hybrid_engine.reshard.exchange import Exchange, Gather, Scheme, make_buckets
 from hybrid_engine.reshard.packing import pack_cells, unpack_cells
-from hybrid_engine.reshard.program import BucketProgram, compile_bucket, foreach_copy
+from hybrid_engine.reshard.program import BucketProgram, compile_bucket
 from hybrid_engine.reshard.shards import LocalShards, box_shape, contains, fsdp_shards_from_state_dict, unique_tensors
 from hybrid_engine.reshard.stats import MemoryTracker, PlannedBytes, ReshardStats, planned_bytes
 
@@ -134,9 +134,18 @@ class Resharder:
                 yield items.pop()
 
     def load_into(self, shards: LocalShards, targets: Mapping[str, torch.Tensor]) -> None:
-        """Copy this rank's generation tensors into ``targets`` (HF name -> a tensor of the generation shard's shape,
-        such as an engine's own parameters), one batched copy per bucket: the hand-off into an engine whose weights
-        are in reach. Names or shapes that differ from the generation shard's raise before anything moves."""
+        """Copy this rank's generation tensors into ``targets`` (HF name -> a contiguous tensor of the generation
+        shard's shape, such as an engine's own parameters): the hand-off into an engine whose weights are in reach.
+        A bucket that needs nothing from other ranks is copied straight from the training storage into the targets
+        (``BucketProgram.run_into``: no new tensors); the others are streamed and copied in. Names, shapes or
+        layouts that differ from the generation shard's raise before anything moves."""
+        self._check_targets(targets)
+        with torch.no_grad():
+            for items in self._bucket_stream(shards, targets):
+                for name, tensor in items:
+                    targets[name].copy_(tensor)
+
+    def _check_targets(self, targets: Mapping[str, torch.Tensor]) -> None:
         expected = self._final_shapes()
         missing = sorted(set(expected) - set(targets))
         if missing:
@@ -144,17 +153,22 @@ class Resharder:
         wrong = [(n, tuple(targets[n].shape), s) for n, s in expected.items() if tuple(targets[n].shape) != s]
         if wrong:
             raise ValueError(f"rank {self.rank}: target shapes differ (name, target, generation shard): {wrong[:3]}")
-        for items in self._bucket_stream(shards):
-            with torch.no_grad():
-                foreach_copy([targets[name] for name, _ in items], [tensor for _, tensor in items])
+        strided = [n for n in expected if not targets[n].is_contiguous()]
+        if strided:
+            raise ValueError(f"rank {self.rank}: targets must be contiguous; these are not: {strided[:3]}")
 
     def _final_shapes(self) -> dict[str, tuple[int, ...]]:
         if self._shapes is None:
             self._shapes = {name: box_shape(self.target_box(name)) for name in self.scheme.final_names(self.rank)}
         return self._shapes
 
-    def _bucket_stream(self, shards: LocalShards) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """The generation tensors of each bucket, as a list, after the bucket's collectives."""
+    def _bucket_stream(
+        self, shards: LocalShards, targets: Mapping[str, torch.Tensor] | None = None
+    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """The generation tensors of each bucket, as a list, after the bucket's collectives. With ``targets``, a
+        bucket of a one-step scheme that needs no collective on this rank is written into them instead (and its
+        list is empty)."""
+        direct = targets is not None and len(self.scheme.steps) == 1
         self._check(shards)
         dtype, device = shards.dtype, shards.device
         element_size = dtype.itemsize
@@ -182,6 +196,13 @@ class Resharder:
                 toc = time.perf_counter()
                 stats.plan_s += toc - tic
                 program = self._program((element_size, number, index, layout), index, bucket, sources)
+                if direct and not exchange.p2p and not exchange.gathers_of(self.rank):
+                    program.run_into(sources, targets)
+                    stats.generation_bytes += program.output_elements * element_size
+                    stats.tensors += len(program.ops)
+                    stats.phase(step.phase).assemble_s += time.perf_counter() - toc
+                    outputs = None
+                    break
                 outputs, nbytes = program.run(sources, dtype, device)
                 memory.alloc(nbytes)
                 allocated += nbytes

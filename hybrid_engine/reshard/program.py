@@ -7,19 +7,25 @@ stride (the q, k or v rows of Megatron's fused ``linear_qkv``, one block per que
 copy, and all copies of the bucket run as one ``torch._foreach_copy_`` call. Bit for bit what the per-part copies
 gave (``packing.allocate_outputs``, which the single-process simulation still uses): the same elements, copied.
 
+``run_into`` writes the same outputs straight into the caller's tensors (an engine's parameters) where a bucket needs
+nothing from other ranks (world size 1, or a rank whose generation shard is its own): one ``copy_`` per view or
+fused part, no new tensors, the storage read once and the targets written once. (One ``torch._foreach_copy_`` of
+large contiguous tensors was slower than a ``copy_`` each on an H200: 10.8 against 8.1 ms for Qwen2-7B's 339
+tensors, 2026-12-01, ``scripts/gpu/bench_handoff.py``; the batched call is kept for the small strided parts.)
+
 A program checks, each time it runs, that every storage tensor it reads still has the shape and strides it was
 compiled for, and says so (``matches``) rather than reading a wrong region.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from hybrid_engine.reshard.exchange import Scheme
-from hybrid_engine.reshard.shards import Box, LocalShards, Segment, box_shape, contains
+from hybrid_engine.reshard.shards import Box, LocalShards, Segment, box_numel, box_shape, contains
 
 __all__ = ["BucketProgram", "Region", "compile_bucket", "foreach_copy"]
 
@@ -69,6 +75,8 @@ class BucketProgram:
     """Elements of the new tensors (times the element size: the bytes ``run`` allocates)."""
     copies: int
     """Copies per run (after fusing), all in one batched call."""
+    output_elements: int
+    """Elements of all outputs (views and new tensors)."""
 
     def matches(self, sources: LocalShards) -> bool:
         storage = sources.storage
@@ -101,6 +109,20 @@ class BucketProgram:
         outputs = LocalShards(kind="generation", rank=self.rank, storage=out, segments=dict(self.segments))
         return outputs, nbytes
 
+    def run_into(self, sources: LocalShards, targets: Mapping[str, torch.Tensor]) -> None:
+        """Write the outputs straight into ``targets`` (contiguous tensors of the outputs' shapes), one ``copy_`` per
+        view or fused part: the training storage is read once, the targets written once, nothing is allocated. For a
+        step whose outputs need nothing from other ranks."""
+        storage = sources.storage
+        for op in self.ops:
+            target = targets[op.name]
+            if type(op) is _View:
+                tensor = storage[op.key]
+                target.copy_(tensor if op.region is None else op.region.on(tensor))
+                continue
+            for dst, key, src in op.copies:
+                (target if dst is None else dst.on(target)).copy_(src.on(storage[key]))
+
 
 def foreach_copy(dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor]) -> None:
     """``dst.copy_(src)`` for each pair, in one call where torch has ``_foreach_copy_``."""
@@ -118,12 +140,13 @@ def compile_bucket(scheme: Scheme, step: int, rank: int, names: Sequence[str], s
     ops: list[_View | _New] = []
     segments_out: dict[str, list[Segment]] = {}
     used: dict[str, torch.Tensor] = {}
-    new_elements = copies = 0
+    new_elements = copies = elements = 0
     for name in names:
         target = scheme.target(step, rank, name)
         if target is None:
             continue
         segments_out[name] = [Segment(box=target, key=name, offset=0)]
+        elements += box_numel(target)
         segments = sources.segments.get(name, ())
         inside = next((s for s in segments if contains(s.box, target)), None)
         if inside is not None:
@@ -152,7 +175,7 @@ def compile_bucket(scheme: Scheme, step: int, rank: int, names: Sequence[str], s
         whole = Region(tuple(shape), tuple(blank.stride()), 0)
         ops.append(_New(name, tuple(shape), tuple((None if d == whole else d, k, s) for d, k, s in fused)))
     layout = tuple((key, tuple(t.shape), tuple(t.stride())) for key, t in used.items())
-    return BucketProgram(rank, tuple(ops), segments_out, layout, new_elements, copies)
+    return BucketProgram(rank, tuple(ops), segments_out, layout, new_elements, copies, elements)
 
 
 def _fuse(parts: list[tuple[Region, str, Region]]) -> list[tuple[Region, str, Region]]:

@@ -4,7 +4,8 @@ Without processes: for every scheme, rank, bucket and step of several layouts, a
 copies of ``packing.allocate_outputs`` (which the simulation, checked against the full model, uses) bit for bit, with
 the same segments; the q/k/v rows of Megatron's fused ``linear_qkv`` are read with one strided copy per tensor, not
 one per query group; a program notices storage whose strides moved. With real gloo processes (world size 1 and 2):
-``stream`` and ``load_into`` give the reference weights bit for bit, switch after switch.
+``stream`` and ``load_into`` give the reference weights bit for bit, switch after switch, and at world size 1
+``load_into`` writes straight into the targets (no new tensors).
 """
 
 from __future__ import annotations
@@ -168,14 +169,23 @@ def _handoff(rank: int, world: int, model: str, t: int, t_g: int) -> dict:
     for _ in range(3):  # switch after switch: the compiled programs replayed
         streamed = dict(resharder.stream(shards))
         report["streamed_bad"] += [n for n in names if not torch.equal(streamed[n], reference(n))]
+        report["stream_extra"] = resharder.stats.peak_extra_bytes
         for tensor in targets.values():
             tensor.fill_(float("nan"))
         resharder.load_into(shards, targets)
         report["loaded_bad"] += [n for n in names if not torch.equal(targets[n], reference(n))]
+        report["load_extra"] = resharder.stats.peak_extra_bytes
     report["streamed"] = sorted(streamed) == sorted(names)
     report["copies"] = resharder.stats.tensors
+    report["generation_bytes"] = resharder.stats.generation_bytes
+    report["expected_bytes"] = sum(reference(n).numel() * 2 for n in names)
     report["received"], report["planned"] = resharder.stats.received_bytes, resharder.planned(2).received
-    for bad_targets in ({n: v for n, v in list(targets.items())[1:]}, {**targets, names[0]: torch.empty(1, 1)}):
+    strided = {**targets, names[1]: torch.empty(tuple(reversed(targets[names[1]].shape))).t()}
+    for bad_targets in (
+        {n: v for n, v in list(targets.items())[1:]},
+        {**targets, names[0]: torch.empty(1, 1)},
+        strided,
+    ):
         try:
             resharder.load_into(shards, bad_targets)
         except (KeyError, ValueError) as error:
@@ -194,8 +204,13 @@ def test_stream_and_load_into_are_bit_exact_switch_after_switch(world, model, t,
         assert report["streamed_bad"] == [] and report["loaded_bad"] == [], (rank, report)
         assert report["received"] == report["planned"]
         assert report["copies"] == len(_spec(model).tensors) - sum(1 for x in _spec(model).tensors if x.tied_to)
-        missing, wrong = report["errors"]
+        missing, wrong, strided = report["errors"]
         assert "the targets lack 1 generation tensors" in missing
         assert "target shapes differ" in wrong and "(1, 1)" in wrong
-    if world == 2:
-        assert reports[0]["received"] > 0
+        assert "targets must be contiguous" in strided
+        assert report["generation_bytes"] == report["expected_bytes"]
+    if world == 1:
+        # the stream builds q/k/v out of the fused rows; load_into writes them straight into the targets
+        assert reports[0]["stream_extra"] > 0 and reports[0]["load_extra"] == 0
+    else:
+        assert reports[0]["received"] > 0 and reports[0]["load_extra"] > 0  # gathered: streamed, then copied
