@@ -21,7 +21,8 @@
 # this script unpacks it to $E2E_WORK/site and puts it first on PYTHONPATH.
 #
 # OUTDIR gets: env.txt (GPU, driver, Python and package versions), e2e.log (every run's output), summary.json
-# (the figures of every run, scripts/gpu/e2e_figures.py), runs.tar.gz (each run's metrics.jsonl,
+# (the figures of every run, scripts/gpu/e2e_figures.py; per resumed recipe, scripts/gpu/e2e_resume_check.py's
+# verdict: step numbering, the KL controller's state read back, the first run's reward margin), runs.tar.gz (each run's metrics.jsonl,
 # resolved_config.yaml, figures JSON, log, kl_control.json of its checkpoints).
 set -u -o pipefail
 OUTDIR=$(mkdir -p "${1:-runs/gpu_e2e}" && cd "${1:-runs/gpu_e2e}" && pwd)
@@ -118,6 +119,9 @@ for recipe in grpo kl_ppo; do
   if has ${recipe}_resume; then
     # shellcheck disable=SC2046
     run ${recipe}_resume $recipe $(base) $(resume_args $recipe)
+    # steps SAVE+1.. and the KL controller's saved state read back; the first run's reward margin
+    $PY scripts/gpu/e2e_resume_check.py "$WORK/runs/$recipe" "$WORK/runs/${recipe}_resume" --save-step "$SAVE" \
+      --json "$WORK/figures/${recipe}_resume_check.json" 2>&1 | tee -a "$LOG"
   fi
 done
 if has batching; then
