@@ -26,19 +26,28 @@ import asyncio
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterable
 from typing import Any
 
 import ray
 import torch
+from omegaconf import OmegaConf
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from transformers import AutoModelForCausalLM, GenerationConfig
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.rollout.base import BaseRollout
-from verl.workers.rollout.replica import RolloutReplica, TokenOutput
+from verl.workers.rollout.replica import CONTROL_METHOD_CONCURRENCY, RolloutReplica, TokenOutput
 
 from recipes import envvars
-from recipes.verl_ext.plugin.weight_sync import enable_sharded_export, open_weight_stream
+from recipes.verl_ext.plugin.weight_sync import (
+    SyncCheckFailed,
+    check_generation_side,
+    check_training_side,
+    enable_sharded_export,
+    open_weight_stream,
+    training_checksums,
+)
 
 __all__ = [
     "ROLLOUT_NAME",
@@ -219,13 +228,24 @@ class HFServer:
 
     # ---- weights ----------------------------------------------------------------------------------------------
 
-    async def update_weights(self, state_dict: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
-        """Load a full state dict (HF names); returns the number of tensors loaded."""
+    async def update_weights(self, state_dict: dict[str, torch.Tensor], global_steps: int | None = None
+                             ) -> dict[str, tuple[int, int, int]]:
+        """Load a full state dict (HF names); returns the checksums of the loaded tensors, read back from the model
+        (hybrid_engine.reshard.checksum), for the sync check."""
         await asyncio.to_thread(self._load_state_dict, state_dict)
         self.weight_version += 1
         if global_steps is not None:
             self.global_steps = global_steps
-        return len(state_dict)
+        return await asyncio.to_thread(self._loaded_checksums, list(state_dict))
+
+    def _loaded_checksums(self, names: list[str]) -> dict[str, tuple[int, int, int]]:
+        # lazy: ~50 ms, only a weight sync's check needs it
+        from hybrid_engine.reshard.checksum import checksums
+
+        with self._lock:
+            model = self.model.state_dict()
+            found, sums = checksums({name: model[name] for name in names if name in model})
+        return {name: tuple(row) for name, row in zip(found, sums.tolist(), strict=True)}
 
     def _load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         with self._lock:
@@ -290,11 +310,18 @@ class HFReplica(RolloutReplica):
         self.server_class = ray.remote(HFServer)
 
     async def launch_servers(self) -> None:
+        name = server_name(self.replica_rank) + self.name_suffix
+        early = started_server(name)
+        if early is not None:  # started by the driver while verl started its workers (recipes/verl_ext/early_start.py)
+            print(f"hf rollout: replica {self.replica_rank} takes the server {name} started early", flush=True)
+            self.servers = [early]
+            self._server_handle = early
+            self._server_address = name
+            return
         if self.workers:
             node_id = await self.workers[0].__ray_call__.remote(lambda worker: ray.get_runtime_context().get_node_id())
         else:
             node_id = ray.get_runtime_context().get_node_id()
-        name = server_name(self.replica_rank) + self.name_suffix
         server = self.server_class.options(
             name=name,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
@@ -307,6 +334,44 @@ class HFReplica(RolloutReplica):
 
     def rollout_worker_use_gpu(self) -> bool:
         return False
+
+
+def started_server(name: str):
+    """The handle of a server of that name already started in this Ray job, or None."""
+    try:
+        return ray.get_actor(name)
+    except ValueError:
+        return None
+
+
+def start_servers(config) -> list:
+    """The hybrid replicas' servers, started as :meth:`HFReplica.launch_servers` would start them, from the driver.
+
+    Only for one node (each server must sit on its replica's first worker's node; on one node that is this node)
+    and the colocated hybrid engine (``LLMServerManager`` then makes ``n_gpus_per_node * nnodes / (tp * dp * pp)``
+    replicas, ranks from 0, no name suffix). Returns the handles; the replicas adopt them by name. The caller keeps
+    the handles for the whole run: Ray ends an actor once no handle to it is left in its owner.
+    """
+    config = OmegaConf.create(OmegaConf.to_container(config, resolve=True))  # what verl's task runner hands on
+    rollout = config.actor_rollout_ref.rollout
+    if rollout.name != ROLLOUT_NAME or int(config.trainer.nnodes) != 1 or not config.actor_rollout_ref.hybrid_engine:
+        return []
+    per_replica = (
+        int(rollout.tensor_model_parallel_size)
+        * int(rollout.data_parallel_size)
+        * int(rollout.pipeline_model_parallel_size)
+    )
+    node_id = ray.get_runtime_context().get_node_id()
+    server_class = ray.remote(HFServer)
+    return [
+        server_class.options(
+            name=server_name(rank),
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+            max_concurrency=max(1000, int(rollout.max_num_seqs) + CONTROL_METHOD_CONCURRENCY),  # as RolloutReplica's
+            num_cpus=0,
+        ).remote(config=rollout, model_config=config.actor_rollout_ref.model, replica_rank=rank)
+        for rank in range(int(config.trainer.n_gpus_per_node) // per_replica)
+    ]
 
 
 class HFRolloutAdapter(BaseRollout):
@@ -352,21 +417,25 @@ class HFRolloutAdapter(BaseRollout):
         if kwargs.get("peft_config") is not None:
             raise NotImplementedError("the hf rollout takes merged weights only (model.lora.merge=True)")
         feeds_server = self.rollout_rank == 0
-        if self.sync_weights:
-            sync = open_weight_stream(
-                weights,
-                global_steps=global_steps,
-                rollout_world_size=self.rollout_world_size,
-                feeder=feeds_server,
-                bucket_bytes=self.bucket_bytes,
-            )
-            state = hand_off_weights(sync.stream, keep=feeds_server)
-            sync.finish(tensors=len(state) if state is not None else 0)
-        else:  # every rank skips alike: nothing is gathered, no collective runs
-            state = None
-        if not feeds_server:
+        if not self.sync_weights:  # every rank skips alike: nothing is gathered, no collective runs
+            if feeds_server and global_steps is not None:
+                await self.server.set_global_steps.remote(global_steps)
             return
-        if state is not None:
-            await self.server.update_weights.remote(state, global_steps)
-        elif global_steps is not None:
-            await self.server.set_global_steps.remote(global_steps)
+        check_started = time.perf_counter()
+        train = training_checksums(weights)  # every rank, on device; NaN/Inf stops here, before the stream
+        check_seconds = time.perf_counter() - check_started
+        check_training_side(train, global_steps)
+        sync = open_weight_stream(
+            weights,
+            global_steps=global_steps,
+            rollout_world_size=self.rollout_world_size,
+            feeder=feeds_server,
+            bucket_bytes=self.bucket_bytes,
+        )
+        state = hand_off_weights(sync.stream, keep=feeds_server)
+        seconds = time.perf_counter() - sync.started
+        generation = await self.server.update_weights.remote(state, global_steps) if state is not None else None
+        mismatch = check_generation_side(sync.record, train, generation, check_seconds)
+        sync.finish(tensors=len(state) if state is not None else 0, seconds=seconds)
+        if mismatch:
+            raise SyncCheckFailed(f"weight sync for step {global_steps}: {mismatch}")

@@ -16,6 +16,10 @@ rank receives the whole model, although only the first rank of each rollout repl
 - :class:`SyncRecord`: what one rank received in one sync, measured at the collectives, beside the planner's bytes
   and what verl's ``full_tensor()`` path receives on that rank. With ``KLPPO_SYNC_LOG`` set (the recipes set
   it to ``<run dir>/weight_sync.jsonl``) each rank appends one JSON line per sync.
+- The sync check (every sync): :func:`training_checksums` of the actor's weights on every rank (on device, one
+  all-reduce), NaN/Inf there stops the sync (``StabilityFault[nan_weights]``); the feeder compares them with the
+  checksums the rollout server reads back from its model after loading; the outcome is in the record
+  (``extra.checksum``) and a mismatch stops the run naming the tensor (:class:`SyncCheckFailed`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from recipes import envvars
 
 __all__ = [
     "SYNC_LOG_ENV",
+    "SyncCheckFailed",
     "SyncRecord",
     "WeightSync",
     "enable_sharded_export",
@@ -41,6 +46,9 @@ __all__ = [
     "open_weight_stream",
     "read_sync_log",
     "sharded_export_enabled",
+    "check_generation_side",
+    "check_training_side",
+    "training_checksums",
 ]
 
 logger = logging.getLogger(__name__)
@@ -155,10 +163,11 @@ class WeightSync:
     started: float
     stats_out: list = field(default_factory=list)  # the resharder's ReshardStats, once the stream is drained
 
-    def finish(self, tensors: int) -> SyncRecord:
-        """Fill in what the drained stream measured; append the record to ``$KLPPO_SYNC_LOG`` if set."""
+    def finish(self, tensors: int, seconds: float | None = None) -> SyncRecord:
+        """Fill in what the drained stream measured (``seconds``: the sync's time, measured by the caller when more
+        came after it); append the record to ``$KLPPO_SYNC_LOG`` if set."""
         record = self.record
-        record.seconds = time.perf_counter() - self.started
+        record.seconds = time.perf_counter() - self.started if seconds is None else seconds
         record.tensors = tensors
         if self.stats_out:
             measured = self.stats_out[0]
@@ -216,6 +225,62 @@ def open_weight_stream(
         return WeightSync(iter(weights.fallback), record, started)
     record.scheme = "gather_to_feeders"
     return WeightSync(stream, record, started, stats_out)
+
+
+class SyncCheckFailed(RuntimeError):
+    """The weight sync's check failed: the message names the tensor (NaN/Inf weights carry the rollback's
+    ``StabilityFault[nan_weights]`` marker, recipes.verl_ext.stability.faults)."""
+
+
+def training_checksums(weights) -> dict[str, tuple[int, int, int]] | None:
+    """Every rank: the checksums of the actor's weights (hybrid_engine.reshard.checksum), each rank's FSDP2 rows
+    summed by one all-reduce, on device; None for verl's own stream (no state dict beside it)."""
+    # lazy: ~50 ms; train.py imports this module for read_sync_log, only a weight sync needs the resharder
+    from hybrid_engine.reshard import ShardedWeights
+    from hybrid_engine.reshard.checksum import checksums
+
+    if not isinstance(weights, ShardedWeights):
+        return None
+    names, sums = checksums(weights.state_dict)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(sums)  # int64 sums wrap alike in any order: exact
+    return {name: tuple(row) for name, row in zip(names, sums.tolist(), strict=True)}
+
+
+def check_training_side(train: dict | None, global_steps: int | None) -> None:
+    """Every rank alike (the sums are all-reduced): NaN/Inf in the training weights stops the sync before any
+    collective of the stream."""
+    # lazy: as training_checksums
+    from hybrid_engine.reshard.checksum import nonfinite
+
+    bad = nonfinite(train) if train else None
+    if bad:
+        raise SyncCheckFailed(f"StabilityFault[nan_weights] weight sync for step {global_steps}: {bad} on the "
+                              "training side")
+
+
+def check_generation_side(record: SyncRecord, train: dict | None, generation, seconds: float) -> str | None:
+    """Compare the generation side's checksums (what the rollout holds after loading) with the training side's;
+    the outcome goes into the sync's record. Returns the mismatch, in one line, or None."""
+    # lazy: as training_checksums
+    from hybrid_engine.reshard.checksum import first_mismatch
+
+    entry: dict = {"train_seconds": round(seconds, 6)}
+    if train is None:
+        entry["checked"] = "no: verl's full_tensor() path"
+    elif not isinstance(generation, dict):
+        entry["checked"] = "training side only (this rank feeds no rollout)"
+        entry["tensors"] = len(train)
+    else:
+        # what the stream handed over (a tied lm_head is not; the server refuses a hand-off missing a tensor)
+        mismatch = first_mismatch({n: train[n] for n in train if n in generation}, generation)
+        entry.update(checked="both sides", tensors=len(generation), match=mismatch is None)
+        if mismatch:
+            entry["mismatch"] = mismatch
+        record.extra["checksum"] = entry
+        return mismatch
+    record.extra["checksum"] = entry
+    return None
 
 
 def read_sync_log(path) -> list[dict]:

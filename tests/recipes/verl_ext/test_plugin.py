@@ -382,7 +382,11 @@ def test_server_batches_concurrent_requests_and_answers_each(server, monkeypatch
 def test_server_loads_handed_off_weights_and_tags_the_step(server):
     before = asyncio.run(server.get_state())
     state = {name: tensor + 0.01 for name, tensor in server.model.state_dict().items()}
-    assert asyncio.run(server.update_weights(state, global_steps=3)) == len(state)
+    from hybrid_engine.reshard.checksum import checksums
+
+    loaded = asyncio.run(server.update_weights(state, global_steps=3))  # the loaded tensors' checksums
+    names, sums = checksums(state)
+    assert loaded == {name: tuple(row) for name, row in zip(names, sums.tolist(), strict=True)}
     after = asyncio.run(server.get_state())
     assert after["weight_version"] == before["weight_version"] + 1 and after["global_steps"] == 3
     assert after["checksum"] != before["checksum"]

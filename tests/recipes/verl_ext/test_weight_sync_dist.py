@@ -12,6 +12,8 @@ sent. Asserted, per rollout layout:
 - a state dict the executor cannot take (a tensor the model spec does not know) falls back to verl's generator on
   both ranks, with the reason recorded, and the server still gets the full model;
 - every rank's record lands in ``$KLPPO_SYNC_LOG`` (two processes appending to one file);
+- the sync check: the training side's checksums (FSDP2 rows of both ranks, all-reduced) equal the server's of the
+  full tensors, and a tensor the hand-off changed stops the sync on the feeder, named;
 - the buckets follow verl's ``rollout.update_weights_bucket_megabytes``.
 """
 
@@ -25,25 +27,36 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from hybrid_engine.reshard.checksum import checksums
 from hybrid_engine.reshard.harness import fully_sharded_tiny_model, run_world
-from recipes.verl_ext.plugin.weight_sync import SYNC_LOG_ENV, read_sync_log
+from recipes.verl_ext.plugin.weight_sync import SYNC_LOG_ENV, SyncCheckFailed, read_sync_log
 
 SEED = 5
 
 
 class _Server:
-    """Records the hf server calls the adapter makes (``.remote(...)`` returns an awaitable)."""
+    """Records the hf server calls the adapter makes (``.remote(...)`` returns an awaitable); ``update_weights``
+    answers as the real server does, with the checksums of what it loaded (``corrupt``: one tensor's sum is off, as
+    if the hand-off had changed it)."""
 
-    def __init__(self):
+    def __init__(self, corrupt: str | None = None):
         self.calls = []
+        self.corrupt = corrupt
 
     def __getattr__(self, name):
-        calls = self.calls
+        calls, corrupt = self.calls, self.corrupt
 
         class _Method:
             @staticmethod
             async def remote(*args):
                 calls.append((name, args))
+                if name != "update_weights":
+                    return None
+                names, sums = checksums(args[0])
+                loaded = {n: tuple(row) for n, row in zip(names, sums.tolist(), strict=True)}
+                if corrupt in loaded:
+                    loaded[corrupt] = (loaded[corrupt][0] + 1, *loaded[corrupt][1:])
+                return loaded
 
         return _Method
 
@@ -77,6 +90,7 @@ def _sync(rank: int, world: int, log_path: str) -> list[dict]:
         ("one-replica", world, False),
         ("replica-per-rank", 1, False),
         ("fallback", world, True),
+        ("corrupted", world, False),
     ):
         rollout = SimpleNamespace(
             tensor_model_parallel_size=tp,
@@ -85,12 +99,17 @@ def _sync(rank: int, world: int, log_path: str) -> list[dict]:
             update_weights_bucket_megabytes=0.1,  # ~100 kB buckets: the tiny model's 0.3 MB in several rounds
         )
         adapter = HFRolloutAdapter(rollout, SimpleNamespace(), device_mesh=None)
-        adapter._server = server = _Server()
+        adapter._server = server = _Server(corrupt="model.layers.0.self_attn.q_proj.weight" if case == "corrupted"
+                                           else None)
         started: list = []
         weights = export_sharded(engine, _verl_generator(model.state_dict(), started))
         if break_spec:
             weights.state_dict["model.unknown_buffer"] = torch.zeros(3)
-        asyncio.run(adapter.update_weights(weights, global_steps=3))
+        try:
+            asyncio.run(adapter.update_weights(weights, global_steps=3))
+            error = None
+        except SyncCheckFailed as failed:
+            error = str(failed)
         sent = [args for name, args in server.calls if name == "update_weights"]
         state = sent[0][0] if sent else None
         results.append(
@@ -106,6 +125,7 @@ def _sync(rank: int, world: int, log_path: str) -> list[dict]:
                 "tied": bool(config.get("tie_word_embeddings")),
                 "model_names": sorted(full),
                 "lacking": lacking,
+                "error": error,
             }
         )
         dist.barrier()
@@ -171,7 +191,24 @@ def test_a_state_dict_the_executor_cannot_take_falls_back_to_verls_stream(synced
         assert line["received_bytes"] is None
 
 
+def test_every_sync_is_checked_by_checksum_on_both_sides(synced):
+    results, log = synced
+    rank0, rank1 = _log(log, 0, 0), _log(log, 0, 1)
+    # the training side's checksums (each rank's FSDP2 rows, one all-reduce) equal those of the full tensors the
+    # server holds, tensor by tensor; the other rank checks its side only
+    assert rank0["extra"]["checksum"]["checked"] == "both sides" and rank0["extra"]["checksum"]["match"] is True
+    assert rank0["extra"]["checksum"]["tensors"] == len(results[("one-replica", 0)]["names"])
+    assert rank1["extra"]["checksum"]["checked"].startswith("training side only")
+    assert all(_log(log, 1, rank)["extra"]["checksum"]["match"] is True for rank in (0, 1))
+    assert all(r["extra"]["checksum"]["train_seconds"] >= 0 for r in log)
+    corrupted = _log(log, 3, 0)["extra"]["checksum"]
+    name = "model.layers.0.self_attn.q_proj.weight"
+    assert corrupted["match"] is False and corrupted["mismatch"].startswith(f"{name}: training and generation")
+    assert results[("corrupted", 0)]["error"].startswith(f"weight sync for step 3: {name}: training and generation")
+    assert results[("corrupted", 1)]["error"] is None  # the other rank has no generation side to compare
+
+
 def test_every_sync_is_logged_once_per_rank(synced):
     _, log = synced
-    assert sorted((r["rank"], r["global_steps"]) for r in log) == [(0, 3)] * 3 + [(1, 3)] * 3
+    assert sorted((r["rank"], r["global_steps"]) for r in log) == [(0, 3)] * 4 + [(1, 3)] * 4
     assert all(r["world_size"] == 2 and r["model_bytes"] > 0 and r["seconds"] >= 0 for r in log)

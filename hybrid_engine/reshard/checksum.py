@@ -1,0 +1,102 @@
+"""A cheap, exact checksum of model weights, computed where the tensors are (on device), to check a weight sync.
+
+Per tensor, three int64 numbers over the tensor's bit patterns (float32 as int32, bf16/fp16 as int16), taken row
+by row (dim 0; a 1-D tensor's rows are its elements):
+
+- ``sum``      the sum of every element's bits;
+- ``weighted`` the sum of each row's bit sum times (its global row index + 1): rows in the wrong order (a wrong
+               tensor-parallel interleave, a fused q/k/v put together wrongly) change it;
+- ``nonfinite`` the number of NaN/Inf elements.
+
+Integer sums wrap around modulo 2**64 alike in any order, so the checksum is exact (no float tolerance) and the
+checksums of a tensor's row shards add up to the whole tensor's: each training rank sums its FSDP2 ``Shard(0)``
+rows (global row offsets from the DTensor), one all-reduce adds them, and the result is compared with the
+checksum of the full tensor the generation side holds after the sync. The cost is two reductions per tensor and
+a row-sum vector, no copy of the tensor. Pure torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+FIELDS = ("sum", "weighted", "nonfinite")
+_BITS = {4: torch.int32, 2: torch.int16, 1: torch.int8, 8: torch.int64}
+
+
+def tensor_checksum(tensor: torch.Tensor, row_offset: int = 0) -> torch.Tensor:
+    """The ``[sum, weighted, nonfinite]`` int64 checksum of ``tensor`` (rows ``row_offset..`` of a larger tensor
+    when it is a row shard), on the tensor's device."""
+    t = tensor.detach()
+    if t.dim() == 0:
+        t = t.reshape(1)
+    t = t.contiguous()
+    bits = t.view(_BITS[t.element_size()]) if t.is_floating_point() else t
+    rows = bits.reshape(t.shape[0], -1).sum(dim=1, dtype=torch.int64)
+    index = torch.arange(row_offset + 1, row_offset + 1 + t.shape[0], device=t.device, dtype=torch.int64)
+    nonfinite = (~torch.isfinite(t)).sum(dtype=torch.int64) if t.is_floating_point() else rows.new_zeros(())
+    return torch.stack([rows.sum(), (rows * index).sum(), nonfinite])
+
+
+def local_checksum(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor's checksum share on this rank: of its local rows for a DTensor sharded on dim 0 (``Shard(0)``),
+    of the whole tensor otherwise (a replicated tensor: only rank 0 of its mesh counts it, see
+    :func:`counts_here`)."""
+    to_local = getattr(tensor, "to_local", None)
+    if to_local is None:
+        return tensor_checksum(tensor)
+    # lazy: DTensor's internals, only for a DTensor (the pure-tensor paths never import them)
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    local = to_local()
+    _, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
+    if local.numel() == 0:
+        return torch.zeros(3, dtype=torch.int64, device=local.device)
+    return tensor_checksum(local, row_offset=int(offset[0]) if offset else 0)
+
+
+def counts_here(tensor: torch.Tensor) -> bool:
+    """Whether this rank's share of ``tensor`` is counted: always for a row-sharded DTensor, only on the mesh's
+    rank 0 for a replicated one (its rows would be counted once per rank)."""
+    placements = getattr(tensor, "placements", None)
+    if placements is None:
+        return True
+    if any(getattr(p, "dim", None) == 0 for p in placements):
+        return True
+    return tensor.device_mesh.get_local_rank() == 0
+
+
+def checksums(state: Mapping[str, torch.Tensor]) -> tuple[list[str], torch.Tensor]:
+    """(names, ``[n, 3]`` int64 checksums) of full (or row-shard, see :func:`local_checksum`) tensors, stacked on
+    the first tensor's device so that one all-reduce sums the shares of every rank."""
+    names = list(state)
+    if not names:
+        return names, torch.zeros(0, 3, dtype=torch.int64)
+    rows = [local_checksum(state[n]) if counts_here(state[n]) else None for n in names]
+    device = next(r.device for r in rows if r is not None) if any(r is not None for r in rows) else "cpu"
+    rows = [torch.zeros(3, dtype=torch.int64, device=device) if r is None else r.to(device) for r in rows]
+    return names, torch.stack(rows)
+
+
+def first_mismatch(
+    train: Mapping[str, tuple[int, int, int]], generation: Mapping[str, tuple[int, int, int]]
+) -> str | None:
+    """The first tensor whose checksums differ (or that one side lacks), described in one line; None when all
+    agree."""
+    for name, expected in train.items():
+        got = generation.get(name)
+        if got is None:
+            return f"{name}: not on the generation side"
+        if tuple(got) != tuple(expected):
+            diff = ", ".join(f"{f} {a} != {b}" for f, a, b in zip(FIELDS, expected, got, strict=True) if a != b)
+            return f"{name}: training and generation weights differ ({diff})"
+    return None
+
+
+def nonfinite(sums: Mapping[str, tuple[int, int, int]]) -> str | None:
+    """The first tensor holding NaN/Inf values, in one line; None when every value is finite."""
+    for name, (_, _, bad) in sums.items():
+        if bad:
+            return f"{name} holds {bad} NaN/Inf values"
+    return None

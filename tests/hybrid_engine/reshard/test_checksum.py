@@ -1,0 +1,51 @@
+"""The weight-sync checksum: exact, row shards add up to the whole tensor, wrong row orders and NaNs are seen."""
+
+from __future__ import annotations
+
+import torch
+
+from hybrid_engine.reshard.checksum import checksums, first_mismatch, nonfinite, tensor_checksum
+
+
+def _wrapping_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a + b  # int64: wraps modulo 2**64 as an all-reduce's sum does
+
+
+def test_row_shards_add_up_to_the_whole_tensor_exactly():
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        full = torch.randn(13, 7).to(dtype)
+        shards = torch.tensor_split(full, 4)  # uneven, like FSDP2's Shard(0) of 13 rows on 4 ranks
+        offset, total = 0, torch.zeros(3, dtype=torch.int64)
+        for shard in shards:
+            total = _wrapping_add(total, tensor_checksum(shard, row_offset=offset))
+            offset += shard.shape[0]
+        assert torch.equal(total, tensor_checksum(full)), dtype
+
+
+def test_swapped_rows_a_changed_bit_and_nans_are_seen():
+    torch.manual_seed(1)
+    full = torch.randn(8, 4)
+    swapped = full[[1, 0, *range(2, 8)]]  # a wrong interleave: the same values, rows in another order
+    base, other = tensor_checksum(full), tensor_checksum(swapped)
+    assert base[0] == other[0] and base[1] != other[1]
+    nudged = full.clone()
+    nudged[5, 2] = torch.nextafter(nudged[5, 2], torch.tensor(float("inf")))  # one bit of one value
+    assert not torch.equal(tensor_checksum(nudged), base)
+    poisoned = full.clone()
+    poisoned[0, :3] = float("nan")
+    assert int(tensor_checksum(poisoned)[2]) == 3 and int(base[2]) == 0
+
+
+def test_mismatch_and_nonfinite_name_the_tensor():
+    state = {"a.weight": torch.ones(3, 2), "b.bias": torch.arange(4.0), "step": torch.tensor(2.0)}
+    names, sums = checksums(state)
+    assert names == list(state) and sums.shape == (3, 3) and sums.dtype == torch.int64
+    train = {n: tuple(row) for n, row in zip(names, sums.tolist(), strict=True)}
+    assert first_mismatch(train, dict(train)) is None and nonfinite(train) is None
+    changed = dict(train, **{"b.bias": (train["b.bias"][0], train["b.bias"][1] + 1, 0)})
+    assert first_mismatch(train, changed) == (
+        f"b.bias: training and generation weights differ (weighted {train['b.bias'][1]} != "
+        f"{train['b.bias'][1] + 1})")
+    assert first_mismatch(train, {"a.weight": train["a.weight"]}) == "b.bias: not on the generation side"
+    assert nonfinite({**train, "a.weight": (0, 0, 6)}) == "a.weight holds 6 NaN/Inf values"
