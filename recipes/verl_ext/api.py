@@ -105,7 +105,10 @@ def shutdown_ray() -> None:
     """End this process's Ray session (verl's run_ppo leaves it up): the next run in this process starts clean."""
     import ray  # lazy: only a training run has started Ray
 
+    from recipes.verl_ext.early_start import close_transfer_queue
+
     if ray.is_initialized():
+        close_transfer_queue()
         ray.shutdown()
 
 
@@ -121,4 +124,10 @@ def run_ppo(cfg, task_runner_class=None) -> None:
             from verl.trainer.main_ppo_v0 import TaskRunner  # lazy: only the legacy trainer (trainer.use_v1=false)
 
             task_runner_class = TaskRunner
+    if cfg.trainer.use_v1 and task_runner_class is TaskRunnerV1:
+        from recipes.verl_ext.early_start import EarlyStart
+
+        # TransferQueue's actors and the hf rollout's servers start while the task runner imports verl and builds
+        # its workers (recipes/verl_ext/early_start.py)
+        task_runner_class = EarlyStart(task_runner_class, cfg)
     verl_run_ppo(cfg, task_runner_class=task_runner_class)

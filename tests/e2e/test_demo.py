@@ -10,6 +10,7 @@ run's output into the README instead.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +60,16 @@ def test_the_terminal_shows_the_packs_lines_and_the_log_holds_verls(demo):
     assert not any("TaskRunner" in line or "INFO" in line for line in lines), "verl's output reached the terminal"
     log = (demo.run_dir / "verl.log").read_text()
     assert "TaskRunner" in log and "Started a local Ray instance" in log
+
+
+def test_transfer_queue_and_the_rollout_server_start_while_verl_starts(demo):
+    """recipes/verl_ext/early_start.py: TransferQueue up from the driver, and the replica took the server it started
+    (not a second one of its own), so verl's task runner waited for neither."""
+    log = (demo.run_dir / "verl.log").read_text()
+    early = [line for line in log.splitlines() if line.startswith("early start:")]
+    assert early and "TransferQueue up after" in early[0] and early[0].endswith("hf rollout servers started: 1")
+    assert "replica 0 takes the server hf_server_0 started early" in log
+    assert len(set(re.findall(r"\(HFServer pid=(\d+)\)", log))) == 1, "more than one hf rollout server process"
 
 
 def test_reward_rises_while_kl_stays_in_its_band(demo):
