@@ -221,6 +221,30 @@ class _Layout:
     bound: float = 0.0
 
 
+def _micro_tokens(settings: PlanSettings) -> dict:
+    """Tokens of the largest update and log-prob micro-batch per GPU, as the memory model counts them (a dynamic
+    budget never holds more than the GPU's sequences, where the settings know them)."""
+    seq = settings.sequence_length
+    if not settings.use_dynamic_bsz:
+        update = settings.ppo_micro_batch_size_per_gpu * seq
+        log_prob = (settings.log_prob_micro_batch_size_per_gpu or settings.ppo_micro_batch_size_per_gpu) * seq
+    else:
+        update = settings.ppo_max_token_len_per_gpu
+        log_prob = settings.log_prob_max_token_len_per_gpu or settings.ppo_max_token_len_per_gpu
+        for key, name in (("update", "mini_batch_sequences_per_gpu"), ("log_prob", "rollout_sequences_per_gpu")):
+            cap = getattr(settings, name, None)
+            if cap and key == "update":
+                update = min(update, cap * seq)
+            elif cap:
+                log_prob = min(log_prob, cap * seq)
+    return {"tokens_per_micro_batch": update, "log_prob_tokens": log_prob}
+
+
+def _with_micro_tokens(memory: dict, settings: PlanSettings) -> dict:
+    """``memory`` with the micro-batch tokens of ``settings``: what the step-time model reads of another budget."""
+    return {**memory, "activations": {**memory["activations"], **_micro_tokens(settings)}}
+
+
 def _scheme(groups: HybridGroups) -> str:
     if groups.hybridflow:
         return "fsdp_to_tp" if groups.fsdp else "hybridflow"
@@ -328,7 +352,8 @@ class _Solver:
                     bounds[phase][1] = index[phase] - 1
         if best["training"] < 0 or best["log_prob"] < 0:
             return None, memory
-        settings = self.settings(layout, offload, actors[best["training"]], log_probs[best["log_prob"]], share)
+        chosen = self.fastest_options(layout, offload, share, best["training"], best["log_prob"], memory)
+        settings = self.settings(layout, offload, actors[chosen[0]], log_probs[chosen[1]], share)
         memory = self.memory(layout, settings)
         steps = round(self.max_share(memory, settings) * SHARE_STEP)
         for step in range(steps, max(steps - 3, round(share * SHARE_STEP) - 1), -1):
@@ -353,13 +378,39 @@ class _Solver:
         return step_time(self.spec, layout.train, layout.infer, self.cluster, settings, self.request.workload,
                          memory, sync_s, self.gpu)
 
+    def fastest_options(self, layout: _Layout, offload: str, share: float, top_actor: int, top_log_prob: int,
+                        memory: dict) -> tuple[int, int]:
+        """Which of the budgets that fit (indices up to ``top_*``) to run. Pipeline stages (pp > 1) trade the 1F1B
+        bubble, smaller with more micro-batches, against each micro-batch's own cost: the step-time model's fastest
+        pair; without stages fewer micro-batches only save, so the largest."""
+        if layout.train.pp == 1:
+            return top_actor, top_log_prob
+        actors, log_probs = self.actor_options(layout), self.log_prob_options()
+
+        def parts(a: int, lp: int) -> StepTime:
+            settings = self.settings(layout, offload, actors[a], log_probs[lp], share)
+            return self.time(layout, settings, _with_micro_tokens(memory, settings), 0.0)
+
+        # the update reads only the actor's budget, the log-prob passes only theirs: each is chosen on its own
+        actor = min(range(top_actor + 1), key=lambda a: parts(a, top_log_prob).update)
+        return actor, min(range(top_log_prob + 1), key=lambda lp: parts(actor, lp).log_prob)
+
     def bound(self, layout: _Layout) -> float:
-        """A lower bound of the layout's step time, without planning it: no offload, the largest budgets, the
-        largest share, no weight sync, and per-GPU shards no larger than an even split (``_even_split``)."""
-        actors = self.actor_options(layout)
-        settings = self.settings(layout, "none", actors[-1] if actors else {}, self.log_prob_options()[-1],
-                                 MAX_SHARE)
-        return self.time(layout, settings, self._even_split(layout, settings), 0.0).total
+        """A lower bound of the layout's step time, without planning it: no offload, the largest share, no weight
+        sync, per-GPU shards no larger than an even split (``_even_split``), and the fastest budgets (the largest
+        without pipeline stages; any, with them: ``fastest_options``)."""
+        actors, log_probs = self.actor_options(layout) or [{}], self.log_prob_options()
+
+        def parts(a: int, lp: int) -> StepTime:
+            settings = self.settings(layout, "none", actors[a], log_probs[lp], MAX_SHARE)
+            return self.time(layout, settings, self._even_split(layout, settings), 0.0)
+
+        top = parts(len(actors) - 1, len(log_probs) - 1)
+        if layout.train.pp == 1:
+            return top.total
+        update = min(parts(a, len(log_probs) - 1).update for a in range(len(actors)))
+        log_prob = min(parts(len(actors) - 1, lp).log_prob for lp in range(len(log_probs)))
+        return top.generation + log_prob + update
 
     def _even_split(self, layout: _Layout, settings: PlanSettings) -> dict:
         """What ``step_time`` reads of a memory breakdown, with every shard an even split of the model (real shards
@@ -372,12 +423,7 @@ class _Solver:
         params = elems * (4 if layout.groups.fsdp else self.dtype)
         return {"rollout": {"weights": weights, "kv_bytes_per_token": per_token, "kv_cache_tokens": kv_tokens},
                 "actor": {"params": params, "grads": 0, "optimizer": 0, "master_weights": 0},
-                "activations": {"tokens_per_micro_batch": settings.ppo_max_token_len_per_gpu if
-                                settings.use_dynamic_bsz else settings.ppo_micro_batch_size_per_gpu * self.seq,
-                                "log_prob_tokens": (settings.log_prob_max_token_len_per_gpu or
-                                                    settings.ppo_max_token_len_per_gpu) if settings.use_dynamic_bsz
-                                else (settings.log_prob_micro_batch_size_per_gpu or
-                                      settings.ppo_micro_batch_size_per_gpu) * self.seq}}
+                "activations": _micro_tokens(settings)}
 
     def split_elems(self, tp: int, pp: int, ep: int) -> float:
         """Elements per GPU of an even split: dense tensors over tp * pp, experts over tp * pp * ep (the planner's

@@ -5,7 +5,8 @@ good for telling layouts apart, not for predicting a wall clock to the second. P
 
 - generation: prefill of ``B = train_batch_size * rollout.n`` prompts (compute-bound: ``2 * N_active`` FLOPs per
   token over all GPUs), then ``max_response_length`` decode steps per wave of sequences. A wave is what one engine's
-  KV cache holds (``kv_cache_tokens / (prompt + response)``, at most the engine's share of B). One decode step costs
+  KV cache holds (``kv_cache_tokens / (prompt + response)``, at most the engine's share of B and
+  ``rollout.max_num_seqs``). One decode step costs
   the larger of reading the engine's weight shard and KV cache from HBM and its FLOPs, plus the TP all-reduces of
   the step (2 per layer, each paying a link latency). Responses are taken at full length (an upper estimate).
 - log-prob: the old policy's log-probs, the reference's (when there is one) and the critic's values (when there is
@@ -86,6 +87,8 @@ class Workload:
     """prompts per optimizer step [actor.ppo_mini_batch_size]"""
     ppo_epochs: int = 1
     """passes over the batch per step [actor.ppo_epochs]"""
+    max_num_seqs: int = 256
+    """sequences one generation engine decodes at once, at most [rollout.max_num_seqs; verl 0.9.1's default]"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +152,8 @@ def _attention_flops_per_token(spec: ModelSpec, context: float) -> float:
 
 
 def _generation_s(spec, infer: InferLayout, cluster: ClusterSpec, settings: PlanSettings, gpu: GpuFigures,
-                  sequences: int, weight_bytes: int, kv_bytes_per_token: int, kv_tokens: int) -> float:
+                  sequences: int, weight_bytes: int, kv_bytes_per_token: int, kv_tokens: int, max_num_seqs: int
+                  ) -> float:
     arch, prompt, response = spec.arch, settings.max_prompt_length, settings.max_response_length
     n_active = active_params(spec)
     flops = gpu.tflops * 1e12
@@ -157,7 +161,7 @@ def _generation_s(spec, infer: InferLayout, cluster: ClusterSpec, settings: Plan
     prefill_s = prefill / (cluster.world_size * flops * PREFILL_MFU)
     engines = max(infer.dp, 1)
     per_engine = math.ceil(sequences / engines)
-    wave = max(1, min(per_engine, kv_tokens // max(prompt + response, 1)))
+    wave = max(1, min(per_engine, max_num_seqs, kv_tokens // max(prompt + response, 1)))
     waves = math.ceil(per_engine / wave)
     engine_gpus = infer.tp * infer.pp
     context = prompt + response / 2
@@ -237,7 +241,7 @@ def step_time(spec: ModelSpec, train: TrainLayout, infer: InferLayout, cluster: 
     tokens = sequences * settings.sequence_length
     rollout = memory["rollout"]
     generation = _generation_s(spec, infer, cluster, settings, gpu, sequences, rollout["weights"],
-                               rollout["kv_bytes_per_token"], rollout["kv_cache_tokens"])
+                               rollout["kv_bytes_per_token"], rollout["kv_cache_tokens"], workload.max_num_seqs)
     actor = memory["actor"]
     param_bytes = actor["params"] // 2 if fsdp else actor["params"]  # FSDP holds fp32: the bf16 gather is half
     acts = memory["activations"]

@@ -145,12 +145,15 @@ def test_generation_speeds_up_with_the_kv_cache_until_one_wave_holds_the_engine_
     train, infer = TrainLayout(dp=8, order="cp-dp-tp-pp"), InferLayout(tp=2, dp=4)
     seqs_per_engine = 1024 * 5 // 4
 
-    def generation(tokens):
-        return step_time(spec, train, infer, req.cluster, req.settings, req.workload, _memory(tokens), 0.0).generation
+    def generation(tokens, max_num_seqs=100_000):
+        workload = replace(req.workload, max_num_seqs=max_num_seqs)
+        return step_time(spec, train, infer, req.cluster, req.settings, workload, _memory(tokens), 0.0).generation
 
     times = [generation(1536 * k) for k in (40, 160, 640, seqs_per_engine, 4 * seqs_per_engine)]
     assert times[0] > times[1] > times[2] > times[3]
     assert times[3] == times[4]  # the cache beyond one wave of the engine's sequences buys nothing
+    # verl's default rollout.max_num_seqs (256) caps a wave: a cache for more sequences buys nothing either
+    assert generation(1536 * 256, 256) == generation(1536 * 640, 256) > times[2]
 
 
 def test_offload_only_adds_pcie_time_to_the_update_and_log_prob_passes():
