@@ -64,7 +64,12 @@ def auto_token_budgets(
     def phase_at(phase: str, key: str):
         def at(tokens: int) -> int:
             trial = replace(open_ended, **{key: tokens})
-            return estimate_memory(spec, groups, cluster, trial, generation_weight_bytes)["phases"][phase]
+            memory = estimate_memory(spec, groups, cluster, trial, generation_weight_bytes)
+            if phase != "training":
+                return memory["phases"][phase]
+            # the pass's line alone: the optimizer step after it does not grow with tokens (checked below)
+            parts = memory["training_parts"]
+            return memory["phases"]["training"] - max(parts["pass"], parts["optimizer_step"]) + parts["pass"]
 
         return at
 
@@ -75,6 +80,11 @@ def auto_token_budgets(
                                     room, seq, update_cap)
     log_prob, log_prob_limit = _largest(*_phase_line(phase_at("log_prob", "log_prob_max_token_len_per_gpu"), seq),
                                         room, seq, log_prob_cap)
+    at_seq = estimate_memory(spec, groups, cluster, open_ended, generation_weight_bytes)
+    parts = at_seq["training_parts"]
+    step_peak = at_seq["phases"]["training"] - max(parts["pass"], parts["optimizer_step"]) + parts["optimizer_step"]
+    if step_peak > room:
+        update, update_limit = seq, "does not fit one sequence"  # AdamW's step alone does not fit
     critic = min(2 * update, update_cap) if update_cap else 2 * update
     planned = replace(settings, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=update,
                       log_prob_max_token_len_per_gpu=log_prob)

@@ -90,6 +90,7 @@ def _training_state(spec: ModelSpec, groups: HybridGroups, settings: PlanSetting
             "master_weights": 0,
             "optimizer": shard * 8,
             "unsharded_layers": 3 * _largest_layer_elems(spec) * compute,
+            "optimizer_step": shard * 4,
             "param_elems": shard,
         }
     tables = stage_tables(spec, groups)
@@ -111,6 +112,7 @@ def _training_state(spec: ModelSpec, groups: HybridGroups, settings: PlanSetting
         "master_weights": -(-dense_elems * 4 // dp_cp) + -(-expert_elems * 4 // edp),
         "optimizer": -(-dense_elems * 8 // dp_cp) + -(-expert_elems * 8 // edp),
         "unsharded_layers": 0,
+        "optimizer_step": -(-dense_elems * 4 // dp_cp) + -(-expert_elems * 4 // edp),
         "param_elems": dense_elems + expert_elems,
     }
 
@@ -294,11 +296,10 @@ def estimate_memory(
 
     ref_resident = 0 if settings.param_offload else ref_params
     generation = reserved + resident(actor) + resident(critic) + ref_resident
+    backward = actor["unsharded_layers"] + acts["activations"] + acts["logits"]
     training = (
         full(actor)
-        + actor["unsharded_layers"]
-        + acts["activations"]
-        + acts["logits"]
+        + max(backward, actor["optimizer_step"])  # the pass's peak, or AdamW's step after it
         + resident(critic)
         + ref_resident
         + (0 if settings.free_cache_engine else reserved)
@@ -358,6 +359,7 @@ def estimate_memory(
             "gpu_memory_utilization": share,
         },
         "phases": phases,
+        "training_parts": {"pass": backward, "optimizer_step": actor["optimizer_step"]},
         "peak_phase": peak_phase,
         "peak_bytes": peak,
         "headroom_bytes": headroom,

@@ -106,14 +106,19 @@ def patch_logprobs() -> str:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def make_model_dir(model: str, folder: Path, device: torch.device, seed: int) -> Path:
-    """A folder verl can load: the shipped config.json and random bf16 weights (safetensors)."""
+def make_model_dir(model: str, folder: Path, device: torch.device, seed: int, layers: int | None = None) -> Path:
+    """A folder verl can load: the shipped config.json and random bf16 weights (safetensors); ``layers``: keep only
+    that many decoder layers (the same shapes, a shallower model)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     folder.mkdir(parents=True, exist_ok=True)
     if (folder / "model.safetensors").exists() or (folder / "model.safetensors.index.json").exists():
         return folder
     config = AutoConfig.from_pretrained(str(MODEL_CONFIG_DIR / model))
+    if layers:
+        config.num_hidden_layers = layers
+        if getattr(config, "layer_types", None):
+            config.layer_types = config.layer_types[:layers]
     torch.manual_seed(seed)
     with torch.device(device):
         net = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)

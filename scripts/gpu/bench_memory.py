@@ -12,7 +12,9 @@ Parts (each writes its own JSON under ``--out`` after every row, so a stopped ru
   memory    Qwen2.5-0.5B: fixed and dynamic at 3x / 8x / 16x of prompt + response, gradient checkpointing on, and
             fixed and 8x with it off; per row the peak of a log-prob pass with entropy, one without, and an update
   speed     Qwen2.5-0.5B: fixed padded against ``batching=dynamic`` at its default budget (the plan's auto budget)
-  speed7b   Qwen2.5-7B (optimizer states offloaded between steps, as ``offload=optimizer``): the same two arms
+  speed7b   Qwen2.5-7B's shapes (hidden 3584, MLP 18944, vocabulary 152064) with 8 of its 28 decoder layers: the
+            same two arms (a whole 7B's fp32 master weights, grads, Adam states and AdamW's step temporary need
+            152 GB: more than one H200; its fixed arm ran out of memory on 2026-12-01)
 
 Measured per pass: ``torch.cuda.max_memory_allocated`` after a reset, minus what was allocated before the worker was
 built (the process keeps a previous row's leftovers until Python frees them), and the token count of every
@@ -211,8 +213,10 @@ def speed_summary(rows: dict, real_tokens: int) -> dict:
 
 
 def run_part(part: str, rows: list[tuple[str, list[str]]], args, device, log, out: Path, timing: bool) -> dict:
+    layers = getattr(args, "layers", None)
+    suffix = f"_{layers}l" if layers else ""
     model_dir = bdb.make_model_dir(
-        args.model, Path(args.model_dir or f"/tmp/pack_bench_{args.model}"), device, args.seed
+        args.model, Path(args.model_dir or f"/tmp/pack_bench_{args.model}{suffix}"), device, args.seed, layers
     )
     prompt_len, response_len = bdb.lengths(args.batch, args, args.seed)
     result = {
@@ -277,6 +281,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=256, help="sequences of the memory rows (one optimizer step)")
     parser.add_argument("--speed-batch", type=int, default=512)
     parser.add_argument("--speed-batch-7b", type=int, default=128)
+    parser.add_argument(
+        "--layers-7b",
+        type=int,
+        default=8,
+        help="decoder layers kept of the 7B (its shapes): one "
+        "H200 cannot hold a full 7B's fp32 master weights, grads, Adam states and AdamW's step",
+    )
     parser.add_argument("--max-prompt", type=int, default=512)
     parser.add_argument("--max-response", type=int, default=1024)
     parser.add_argument("--prompt-min", type=int, default=64)
@@ -302,16 +313,21 @@ def main(argv: list[str] | None = None) -> int:
         run_part("speed", speed_rows, ns, device, log, args.out, timing=True)
     if "speed7b" in parts:
         ns = argparse.Namespace(
-            **{**vars(args), "batch": args.speed_batch_7b, "model": args.model_7b, "model_dir": None}
+            **{
+                **vars(args),
+                "batch": args.speed_batch_7b,
+                "model": args.model_7b,
+                "model_dir": None,
+                "layers": args.layers_7b,
+            }
         )
         ns.mini_batch = 0
         ns.override = list(args.override) + [
-            "offload=optimizer",
             "actor_rollout_ref.actor.use_kl_loss=false",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
         ]
-        run_part("speed7b", speed_rows, ns, device, log, args.out, timing=True)
+        run_part(f"speed7b_{args.layers_7b}l", speed_rows, ns, device, log, args.out, timing=True)
     return 0
 
 
