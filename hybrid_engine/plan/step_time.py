@@ -179,7 +179,8 @@ def _generation_s(spec, infer: InferLayout, cluster: ClusterSpec, settings: Plan
 
 def _pass_s(spec, train: TrainLayout, cluster: ClusterSpec, settings: PlanSettings, gpu: GpuFigures,
             tokens: int, micro_tokens: int, fsdp: bool, backward: bool, param_bytes: int) -> float:
-    """One pass (forward, or forward + backward) of one model over ``tokens`` tokens of the step."""
+    """One pass (forward, or forward + backward) of one model over ``tokens`` tokens of the step; ``param_bytes``:
+    the GPU's parameter shard in the compute dtype (FSDP gathers the whole model from them)."""
     arch = spec.arch
     seq = settings.sequence_length
     n_active = active_params(spec)
@@ -213,11 +214,12 @@ def _pass_s(spec, train: TrainLayout, cluster: ClusterSpec, settings: PlanSettin
         moe_layers = len(arch.moe_layers) / train.pp
         comm_s += directions * 2 * moe_layers * _ring_s(
             gpu_tokens * arch.num_experts_per_tok * arch.hidden_size * 2, train.ep, bandwidth)
-    if fsdp:  # per micro-batch: all-gather the parameters (forward, again in backward), reduce-scatter gradients
+    if fsdp:  # per micro-batch: all-gather the bf16 parameters (forward, again in backward), reduce-scatter the
+        # gradients in fp32 (twice the bytes)
         bandwidth, _ = _link(cluster, cluster.world_size > cluster.gpus_per_node)
         full_bytes = param_bytes * cluster.world_size
-        gathers = (2 if backward else 1) * micro * _ring_s(full_bytes / 2, cluster.world_size, bandwidth)
-        scatters = micro * _ring_s(full_bytes, cluster.world_size, bandwidth) if backward else 0.0
+        gathers = (2 if backward else 1) * micro * _ring_s(full_bytes, cluster.world_size, bandwidth)
+        scatters = micro * _ring_s(2 * full_bytes, cluster.world_size, bandwidth) if backward else 0.0
         return max(compute_s, gathers + scatters) + launch_s + comm_s
     return compute_s + launch_s + comm_s
 
