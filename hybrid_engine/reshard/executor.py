@@ -18,6 +18,7 @@ torch.distributed was initialised with: gloo on CPU tensors, NCCL on CUDA tensor
 
 from __future__ import annotations
 
+import json
 import time
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
@@ -47,6 +48,8 @@ DEFAULT_BUCKET_BYTES = 64 << 20
 """Full bytes of the tensors one bucket moves (a larger tensor is a bucket of its own)."""
 
 _PROCESS_GROUPS: dict[tuple[int, ...], object] = {}
+_FEEDER_RESHARDERS: dict[tuple, Resharder] = {}  # see _feeder_resharder
+_SPECS: dict[str, ModelSpec] = {}  # HF config (as JSON) -> its spec
 
 
 def _all_gather_into(output: torch.Tensor, input_: torch.Tensor, group) -> None:
@@ -424,8 +427,7 @@ def stream_to_feeders(
     shards = fsdp_shards_from_state_dict(state_dict, spec)
     if any(tensor.device_mesh.size() != world for tensor in state_dict.values()):  # all DTensors after the check
         raise ValueError(f"the FSDP mesh does not span the {world} ranks of the default process group")
-    groups = hybrid_groups(TrainLayout(dp=world), InferLayout(tp=1).resolve(world), fsdp=True)
-    resharder = Resharder(spec, groups, "gather_to_feeders", feeders=feeders, bucket_bytes=bucket_bytes)
+    resharder = _feeder_resharder(spec, world, tuple(feeders), bucket_bytes)
 
     def stream() -> Iterator[tuple[str, torch.Tensor]]:
         yield from resharder.stream(shards)
@@ -435,6 +437,30 @@ def stream_to_feeders(
             stats_out.append(stats)
 
     return stream()
+
+
+def _feeder_resharder(spec: ModelSpec, world: int, feeders: tuple[int, ...], bucket_bytes: int | None) -> Resharder:
+    """One ``gather_to_feeders`` resharder per (model, world, rank, feeders, bucket), kept between weight syncs: its
+    buckets, exchange plans and copy programs are worked out on the first sync only."""
+    key = (spec, world, dist.get_rank(), feeders, bucket_bytes)
+    resharder = _FEEDER_RESHARDERS.get(key)
+    if resharder is None:
+        if len(_FEEDER_RESHARDERS) >= 4:
+            _FEEDER_RESHARDERS.pop(next(iter(_FEEDER_RESHARDERS)))
+        groups = hybrid_groups(TrainLayout(dp=world), InferLayout(tp=1).resolve(world), fsdp=True)
+        resharder = Resharder(spec, groups, "gather_to_feeders", feeders=feeders, bucket_bytes=bucket_bytes)
+        _FEEDER_RESHARDERS[key] = resharder
+    return resharder
+
+
+def _spec_of(hf_config: Mapping) -> ModelSpec:
+    """The model spec of an HF config dict, built once per distinct config."""
+    key = json.dumps(dict(hf_config), sort_keys=True, default=str)
+    if key not in _SPECS:
+        from hybrid_engine.model_spec import arch_from_config, build_spec
+
+        _SPECS[key] = build_spec(arch_from_config(dict(hf_config), str(hf_config.get("_name_or_path") or "actor")))
+    return _SPECS[key]
 
 
 def feeder_ranks(world_size: int, rollout_world_size: int) -> list[int]:
@@ -457,11 +483,9 @@ def rollout_weight_stream(
     rank of every rollout replica as feeder. ``hf_config``: the model's config dict (``hf_config.to_dict()``), or give
     ``spec``. Every rank must exhaust the iterator (the collectives run inside it)."""
     if spec is None:
-        from hybrid_engine.model_spec import arch_from_config, build_spec
-
         if hf_config is None:
             raise ValueError("rollout_weight_stream needs hf_config or spec")
-        spec = build_spec(arch_from_config(dict(hf_config), str(hf_config.get("_name_or_path") or "actor")))
+        spec = _spec_of(hf_config)
     feeders = feeder_ranks(dist.get_world_size(), rollout_world_size)
     return stream_to_feeders(state_dict, spec, feeders, bucket_bytes=bucket_bytes, stats_out=stats_out)
 

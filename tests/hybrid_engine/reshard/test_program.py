@@ -214,3 +214,29 @@ def test_stream_and_load_into_are_bit_exact_switch_after_switch(world, model, t,
         assert reports[0]["stream_extra"] > 0 and reports[0]["load_extra"] == 0
     else:
         assert reports[0]["received"] > 0 and reports[0]["load_extra"] > 0  # gathered: streamed, then copied
+
+
+def _feeder_syncs(rank: int, world: int, syncs: int) -> dict:
+    from hybrid_engine.reshard import executor, rollout_weight_stream
+    from hybrid_engine.reshard.harness import fully_sharded_tiny_model
+
+    _, model, full = fully_sharded_tiny_model(world, SEED)
+    config = model.config.to_dict()
+    report = {"bad": [], "names": [], "cached": [], "programs": []}
+    for _ in range(syncs):
+        outputs = dict(rollout_weight_stream(model.state_dict(), rollout_world_size=world, hf_config=config))
+        report["bad"] += [n for n, t in outputs.items() if not torch.equal(t, full[n])]
+        report["names"].append(len(outputs))
+        (resharder,) = executor._FEEDER_RESHARDERS.values()
+        report["cached"].append(id(resharder))
+        report["programs"].append(len(resharder._programs))
+    return report
+
+
+def test_weight_syncs_reuse_one_resharder_and_its_compiled_programs():
+    reports = run_world(_feeder_syncs, 2, 3)
+    feeder, other = reports
+    assert feeder["bad"] == [] and feeder["names"] == [26, 26, 26] and other["names"] == [0, 0, 0]
+    for report in reports:
+        assert len(set(report["cached"])) == 1  # the same resharder on every sync
+        assert report["programs"][0] > 0 and len(set(report["programs"])) == 1  # compiled on the first sync only
