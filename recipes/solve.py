@@ -126,16 +126,26 @@ def command_line(recipe: str, typed: list[str], candidate: Candidate, cfg: DictC
 
 
 def reason(rank: int, candidate: Candidate, first: Candidate) -> str:
-    """Why it sits at ``rank``: the fastest's largest part, or how much slower than the fastest and where."""
+    """Why it sits at ``rank``: the fastest's largest part, or how much slower than the fastest and where; and why
+    its offload (the milder ones do not fit, or are slower with their budgets)."""
     parts = candidate.time.parts()
     if rank == 1:
         largest = max(parts, key=parts.get)
-        return (f"fastest estimate; {PART_NAMES[largest]} is {parts[largest] / candidate.time.total:.0%} of its "
-                f"step")
-    gaps = {name: parts[name] - first.time.parts()[name] for name in parts}
-    worst = sorted((name for name in gaps if gaps[name] > 0), key=lambda name: -gaps[name])[:2]
-    where = ", ".join(f"{PART_NAMES[name]} {gaps[name]:+.1f} s" for name in worst)
-    return f"{candidate.time.total - first.time.total:+.1f} s vs #1" + (f" ({where})" if where else "")
+        text = f"fastest estimate; {PART_NAMES[largest]} is {parts[largest] / candidate.time.total:.0%} of its step"
+    else:
+        gaps = {name: parts[name] - first.time.parts()[name] for name in parts}
+        worst = sorted((name for name in gaps if gaps[name] > 0), key=lambda name: -gaps[name])[:2]
+        where = ", ".join(f"{PART_NAMES[name]} {gaps[name]:+.1f} s" for name in worst)
+        text = f"{candidate.time.total - first.time.total:+.1f} s vs #1" + (f" ({where})" if where else "")
+    tried = list(candidate.offloads)  # mildest first
+    milder = tried[:tried.index(candidate.offload)] if candidate.offload in tried else []
+    unfit = [name for name in milder if candidate.offloads[name] is None]
+    slower = [name for name in milder if candidate.offloads[name] is not None]
+    if unfit:
+        text += f"; offload {'/'.join(unfit)} does not fit"
+    if slower:
+        text += f"; offload {'/'.join(slower)} is slower"
+    return text
 
 
 def solve_run(run, settings: PlanSettings, cluster: ClusterSpec, typed: list[str] | None = None

@@ -82,6 +82,9 @@ class Candidate:
     scheme: str
     """the weight-sync scheme that runs (hybridflow, fsdp_to_tp: the pack's resharder; tp_group_gather,
     full_gather: verl's own)"""
+    offloads: dict[str, float | None] = field(default_factory=dict)
+    """the offloads tried on this layout: the step time each gave with its own budgets and share, None where it
+    does not fit (heavier ones are not tried once a milder one reached the largest budgets and share)"""
 
     @property
     def offload(self) -> str:
@@ -119,6 +122,7 @@ class Candidate:
             "ppo_micro_batch_size_per_gpu": self.settings.ppo_micro_batch_size_per_gpu,
             "gpu_memory_utilization": self.settings.gpu_memory_utilization,
             "weight_sync_scheme": self.scheme,
+            "offloads_tried": dict(self.offloads),
             "time_s": {**self.time.parts(), "total": self.time.total},
             "memory": {"peak_bytes": m["peak_bytes"], "peak_phase": m["peak_phase"],
                        "headroom_bytes": m["headroom_bytes"], "phases": dict(m["phases"]),
@@ -442,16 +446,18 @@ class _Solver:
         _, lightest = self.lightest(layout, "full")
         if not self.all_fit(lightest):
             return None, (self.shortfall(lightest), "full", lightest)
-        best, sync = None, None
+        best, sync, tried = None, None, {}
         for offload in OFFLOADS:
             settings, memory = self.settle(layout, offload)
+            tried[offload] = None
             if settings is None:
                 continue
             if sync is None:
                 sync = self.sync_s(layout)
             found = Candidate(strategy=layout.strategy, train=layout.train, infer=layout.infer, settings=settings,
                               memory=memory, time=self.time(layout, settings, memory, sync),
-                              scheme=_scheme(layout.groups))
+                              scheme=_scheme(layout.groups), offloads=tried)
+            tried[offload] = found.time.total
             if best is None or found.time.total < best.time.total:
                 best = found
             if self._largest(layout, settings):

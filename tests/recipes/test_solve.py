@@ -115,6 +115,11 @@ def test_the_cli_prints_five_ranked_layouts_with_their_commands(done_when):
     for _, _, command in ranked:
         assert command.startswith("python -m recipes.kl_ppo model=qwen2_5_32b cluster.nnodes=2 cluster=h100_80g ")
     assert done_when.stdout.count("why: ") == 5
+    why_lines = [line for line in done_when.stdout.splitlines() if line.strip().startswith("why: ")]
+    assert why_lines[0].strip().startswith("why: fastest estimate; ")
+    for line, (_, step, _) in zip(why_lines[1:], ranked[1:], strict=True):
+        gap = float(re.search(r"why: \+([\d.]+) s vs #1", line)[1])
+        assert gap == pytest.approx(step - ranked[0][1], abs=0.11)
 
 
 def test_a_printed_command_validates_in_a_subprocess(done_when):

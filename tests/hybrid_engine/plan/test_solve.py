@@ -170,3 +170,12 @@ def test_offload_only_adds_pcie_time_to_the_update_and_log_prob_passes():
     # params and grads onto the GPU and back, optimizer states and master weights onto the GPU and back
     assert full.update - base.update == pytest.approx((2 * (params + 2 * params) + 2 * (4 * params + 2 * params))
                                                       / 25e9)
+
+
+def test_each_result_runs_the_fastest_offload_that_fits_on_its_layout(solved):
+    _, result = solved
+    for candidate in result.candidates:
+        tried = candidate.offloads
+        assert list(tried) == ["none", "optimizer", "param", "full"][:len(tried)]  # mildest first
+        assert tried[candidate.offload] == pytest.approx(candidate.time.total)
+        assert all(total is None or total >= candidate.time.total for total in tried.values())
