@@ -307,7 +307,16 @@ class Inject(_Checked):
     kill_at_step: int | None = None
     """training step at which the TaskRunner dies; None: none"""
     attempt: int = _bounded(NON_NEGATIVE, default=0)
-    """the attempt the faults apply to; 0: the first"""
+    """the attempt nan_at_step and kill_at_step apply to; 0: the first"""
+    oom_at_step: int | None = None
+    """training step whose actor update raises torch's OutOfMemoryError in the worker (where a real one is raised);
+    None: none"""
+    oom_attempt: int = _bounded(NON_NEGATIVE, default=0)
+    """the attempt oom_at_step applies to"""
+    nan_weights_at_step: int | None = None
+    """training step after whose actor update one weight tensor of the worker's model becomes NaN; None: none"""
+    nan_weights_attempt: int = _bounded(NON_NEGATIVE, default=0)
+    """the attempt nan_weights_at_step applies to"""
 
 
 @dataclass(kw_only=True, slots=True)

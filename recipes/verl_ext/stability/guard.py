@@ -26,6 +26,8 @@ GUARD_KEY = "stability_guard_max_kl"
 """Non-tensor key the trainer adds to the actor's update batch: the threshold for this step."""
 KL_COEF_KEY = "stability_kl_loss_coef"
 """Non-tensor key the trainer adds to the actor's update batch: the loss-side KL coefficient for this step."""
+INJECT_KEY = "stability_inject"
+"""Non-tensor key the trainer adds to the actor's update batch in a fault-injection test: ``oom`` | ``nan_weights``."""
 KL_METRIC = "actor/ppo_kl"
 """The policy loss's KL between the current policy and the rollout (old) policy, as verl 0.9.1 names it."""
 METRICS = ("guard/stopped", "guard/updates", "guard/planned", "guard/kl")

@@ -26,7 +26,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from recipes.checkpoints import mark_complete
 from recipes.schema import Stability, load_section
 from recipes.verl_ext.stability.bands import RollbackRule, bands_from_config
-from recipes.verl_ext.stability.guard import GUARD_KEY, KL_COEF_KEY, METRICS
+from recipes.verl_ext.stability.guard import GUARD_KEY, INJECT_KEY, KL_COEF_KEY, METRICS
 from recipes.verl_ext.stability.kl_control import KLControl, KLSettings
 
 logger = logging.getLogger(__name__)
@@ -66,6 +66,9 @@ class StabilityTrainer(PPOTrainerSync):
             batch.extra_info[GUARD_KEY] = max_kl
         if self.kl_control.drives_loss_coef and self.config.actor_rollout_ref.actor.use_kl_loss:
             batch.extra_info[KL_COEF_KEY] = self.kl_control.state.loss_coef
+        fault = self._worker_fault()
+        if fault:
+            batch.extra_info[INJECT_KEY] = fault
         batch = super()._update_actor(batch, metrics)
         for key in METRICS:
             value = metrics.pop(f"actor/{key}", None)
@@ -104,6 +107,14 @@ class StabilityTrainer(PPOTrainerSync):
         if self.inject.kill_at_step == self.global_steps:
             logger.warning("stability: killing the TaskRunner process at step %d", self.global_steps)
             os._exit(137)
+
+    def _worker_fault(self) -> str | None:
+        """Test hook: the fault the actor's worker injects in this step's update (``oom`` | ``nan_weights``)."""
+        if self.inject.oom_at_step == self.global_steps and self.attempt == self.inject.oom_attempt:
+            return "oom"
+        if self.inject.nan_weights_at_step == self.global_steps and self.attempt == self.inject.nan_weights_attempt:
+            return "nan_weights"
+        return None
 
     def _detect_faults(self, metrics) -> None:
         for key in LOSS_KEYS:

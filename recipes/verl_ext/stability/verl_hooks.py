@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from recipes.verl_ext.plugin.patches import require_supported_verl, when_imported
-from recipes.verl_ext.stability.guard import GUARD_KEY, KL_COEF_KEY, KL_METRIC, KLGuard, scalar
+from recipes.verl_ext.stability.guard import GUARD_KEY, INJECT_KEY, KL_COEF_KEY, KL_METRIC, KLGuard, scalar
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +40,8 @@ class _Update:
 
     guard: KLGuard | None = None
     kl_coef: float | None = None
+    inject: str | None = None
+    """a test's fault for this update: ``oom`` | ``nan_weights`` (stability.inject)"""
 
 
 _current = _Update()
@@ -73,6 +75,14 @@ def _stop_everywhere(stop: bool) -> bool:
     return bool(flag.item() > 0)
 
 
+def _poison_weights(module) -> None:
+    """Test hook (stability.inject.nan_weights_at_step): the model's first weight tensor becomes NaN, in place."""
+    param = next(module.parameters())
+    with torch.no_grad():
+        (param.to_local() if hasattr(param, "to_local") else param).fill_(float("nan"))
+    logger.warning("stability: injected NaN into the actor's weight %s", tuple(param.shape))
+
+
 def _patch_engine_workers(engine_workers) -> None:
     require_supported_verl()
     worker_cls = engine_workers.TrainingWorker
@@ -86,6 +96,7 @@ def _patch_engine_workers(engine_workers) -> None:
         keys = tensordict.keys()
         max_kl = tu.pop(tensordict, key=GUARD_KEY) if GUARD_KEY in keys else None
         _current.kl_coef = tu.pop(tensordict, key=KL_COEF_KEY) if KL_COEF_KEY in keys else None
+        _current.inject = tu.pop(tensordict, key=INJECT_KEY) if INJECT_KEY in keys else None
         batches = original_make_iterator(tensordict, mini_batch_size, epochs, seed=seed,
                                          dataloader_kwargs=dataloader_kwargs)
         if max_kl is None:
@@ -101,7 +112,13 @@ def _patch_engine_workers(engine_workers) -> None:
     def train_batch(self, data):
         if _current.kl_coef is not None:
             _set_kl_loss_coef(self.loss_fn, _current.kl_coef)
+        if _current.inject == "oom":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated in the actor's "
+                                         "update: stability.inject.oom_at_step)")
         output = original_train_batch(self, data)
+        if _current.inject == "nan_weights":
+            _current.inject = None
+            _poison_weights(self.engine.module)
         guard = _current.guard
         if guard is not None:
             kl = None
@@ -115,7 +132,7 @@ def _patch_engine_workers(engine_workers) -> None:
 
     @functools.wraps(original_train_mini_batch)
     def train_mini_batch(self, data):
-        _current.guard, _current.kl_coef = None, None
+        _current.guard, _current.kl_coef, _current.inject = None, None, None
         try:
             output = original_train_mini_batch(self, data)
             guard = _current.guard
@@ -132,7 +149,7 @@ def _patch_engine_workers(engine_workers) -> None:
                                    guard.updates, guard.planned)
             return output
         finally:
-            _current.guard, _current.kl_coef = None, None
+            _current.guard, _current.kl_coef, _current.inject = None, None, None
 
     tu.make_iterator = make_iterator
     for name, fn in (("train_batch", train_batch), ("train_mini_batch", train_mini_batch)):

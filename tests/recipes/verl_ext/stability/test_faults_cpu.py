@@ -1,0 +1,79 @@
+"""Rollback on real causes, end to end on the CPU embedded default (``stability=auto``, 5 steps, save_freq=2).
+
+attempt  fault                                                          reason expected
+0        torch's OutOfMemoryError raised in the actor worker's update   oom
+         at step 3 (where a real one is raised)
+1        NaN written into a weight tensor of the actor worker's model   nan_weights: the weight sync's check of step 3
+         after step 3's update                                          names the tensor (before generation sees it)
+2        SIGKILL of the real Ray worker process (``ray::WorkerDict``)   worker_lost (Ray's message mentions the OOM
+         once step 3 is logged                                          killer: not an oom)
+3        none: finishes steps 3-5                                       -
+
+Every restart resumes from the step-2 checkpoint; metrics.jsonl holds each step once, the superseded rows aside.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from tests.conftest import checkout_env
+
+pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.slow]
+
+
+def _ray_workers(root_pid: int, title: str) -> list[psutil.Process]:
+    """The processes named ``title`` (Ray sets ``ray::<actor class>``) below ``root_pid``: this run's only."""
+    found = []
+    for child in psutil.Process(root_pid).children(recursive=True):
+        try:
+            if child.cmdline()[:1] == [title]:
+                found.append(child)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_rollback_names_the_real_cause_and_writes_each_step_once(tmp_path):
+    command = [sys.executable, "-m", "recipes.grpo", "stability=auto", "trainer.total_training_steps=5",
+               "trainer.save_freq=2", "stability.degradations=[forward_prefetch_off]",
+               "stability.inject.oom_at_step=3", "stability.inject.oom_attempt=0",
+               "stability.inject.nan_weights_at_step=3", "stability.inject.nan_weights_attempt=1"]
+    proc = subprocess.Popen(command, cwd=tmp_path, env=checkout_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    killed, seen, failed = [], [], 0
+    for line in proc.stdout:
+        seen.append(line)
+        failed += line.startswith("stability: attempt ")
+        if failed == 2 and line.startswith("step 3/") and not killed:
+            killed = _ray_workers(proc.pid, "ray::WorkerDict")
+            assert killed, "no Ray worker of this run found"
+            for worker in killed:
+                worker.send_signal(signal.SIGKILL)
+    out, err = proc.communicate(timeout=900)
+    stdout = "".join(seen) + out
+    assert proc.returncode == 0, f"{stdout[-3000:]}\n{err[-3000:]}"
+    run_dir = next((tmp_path / "runs" / "grpo").glob("*/attempts.jsonl")).parent
+    attempts = [json.loads(line) for line in (run_dir / "attempts.jsonl").read_text().splitlines()]
+    assert [a["outcome"] for a in attempts] == ["restart", "restart", "restart", "finished"]
+    reasons = [a.get("reason") for a in attempts[:3]]
+    assert reasons[0] == "oom" and "OutOfMemoryError" in attempts[0]["message"]
+    assert reasons[1] == "nan_weights", attempts[1]
+    assert "model.embed_tokens.weight holds" in attempts[1]["message"]  # the tensor the injection poisoned
+    assert reasons[2] == "worker_lost", attempts[2]
+    assert [a["resumed_from_step"] for a in attempts[1:3]] == [2, 2]
+    last = attempts[3]["resumed_from_step"]  # 2, or 4 when attempt 2 saved step 4 before the worker died
+    assert last == max(attempts[2]["checkpoints_after"]) and attempts[-1]["checkpoints_after"][-1] == 5
+    assert set(attempts[2]["checkpoints_after"]) <= set(attempts[-1]["checkpoints_after"])  # no checkpoint lost
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]  # each step once, continuous
+    assert [r["attempt"] for r in rows] == [0, 0] + [2 if r["step"] <= last else 3 for r in rows[2:]]
+    aside = [json.loads(line) for line in (run_dir / "metrics.superseded.jsonl").read_text().splitlines()]
+    assert (2, 3) in {(r["attempt"], r["step"]) for r in aside}  # logged before the worker died, run again
+    assert "attempt 2 failed (worker_lost" in stdout and "attempt 0 failed (oom" in stdout
+    assert all(not w.is_running() or w.status() == psutil.STATUS_ZOMBIE for w in killed)
