@@ -8,7 +8,8 @@ Spawns N processes (gloo on CPU; NCCL when CUDA has at least N GPUs), builds eac
 deterministic weights (``synthetic_source``: no rank builds a tensor it does not hold), runs every applicable scheme
 (Megatron layouts: hybridflow, tp_group_gather, full_gather from FSDP2 Shard(0) shards; FSDP layouts: fsdp_to_tp,
 full_gather) ``--repeat`` times, and prints per scheme: bytes received per rank (measured and planned), time (the
-slowest rank, median over repeats), peak extra memory, and the ratios to full_gather.
+slowest rank, median over repeats), peak extra memory, the ratios to full_gather, and the cost of the weight
+sync's check (the checksums of hybrid_engine/reshard/checksum.py on both sides, per sync).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from hybrid_engine.reshard import (  # noqa: E402
     synthetic_source,
     synthetic_tensor,
 )
+from hybrid_engine.reshard.checksum import checksums, tensor_checksum  # noqa: E402
 from hybrid_engine.reshard.harness import SMALL_SHAPES, run_world, small_spec  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
@@ -118,8 +120,32 @@ def worker(rank: int, world: int, args: argparse.Namespace) -> dict:
             "model_bytes": planned.model_bytes,
             "mismatched": mismatched,
         }
+        result["schemes"][scheme]["checksum"] = checksum_cost(resharder, shards[kind], device)
         del resharder
     return result
+
+
+def checksum_cost(resharder: Resharder, shards, device: torch.device) -> dict:
+    """The sync check's cost on this rank (hybrid_engine/reshard/checksum.py): the training side (this rank's
+    shards, then one all-reduce of the [tensors, 3] sums) and the generation side (every tensor the stream yields;
+    this extra pass is not in the reshard's time)."""
+    dist.barrier()
+    tic = time.perf_counter()
+    _, sums = checksums(shards.storage)
+    dist.all_reduce(sums.to(device) if device.type == "cuda" else sums)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    train_s = time.perf_counter() - tic
+    generation_s, tensors = 0.0, 0
+    for _, tensor in resharder.stream(shards):
+        tic = time.perf_counter()
+        tensor_checksum(tensor)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        generation_s += time.perf_counter() - tic
+        tensors += 1
+    return {"train_s": train_s, "generation_s": generation_s, "train_tensors": len(shards.storage),
+            "generation_tensors": tensors}
 
 
 def _mb(nbytes: float) -> str:
@@ -166,6 +192,7 @@ def report(args: argparse.Namespace, world: int, results: list[dict], backend: s
             "generation_max": max(p["runs"][0]["generation_bytes"] for p in per_rank),
             "phases": max((p["runs"][0]["phases"] for p in per_rank), key=lambda ph: sum(x["seconds"] for x in ph)),
             "mismatched": sorted({n for p in per_rank for n in p["mismatched"]}),
+            "checksum": {key: max(p["checksum"][key] for p in per_rank) for key in per_rank[0]["checksum"]},
         }
     model_bytes = results[0]["schemes"][schemes[0]]["model_bytes"]
     full = summary["schemes"]["full_gather"]
@@ -216,6 +243,15 @@ def report(args: argparse.Namespace, world: int, results: list[dict], backend: s
                 f"  {scheme:<16} {phase['name']:<34} {_mb(phase['received_bytes']):>9} {_mb(phase['wire_bytes']):>9} "
                 f"{collectives}  {seconds}"
             )
+    print("sync check per sync (hybrid_engine/reshard/checksum.py; slowest rank): training side (its shards + one "
+          "all-reduce), generation side (every tensor it receives), share of the reshard's time")
+    for scheme, row in summary["schemes"].items():
+        check = row["checksum"]
+        total = check["train_s"] + check["generation_s"]
+        share = total / row["time_s"] if row["time_s"] else float("inf")
+        print(f"  {scheme:<16} training {check['train_s'] * 1e3:8.2f} ms ({check['train_tensors']} tensors)  "
+              f"generation {check['generation_s'] * 1e3:8.2f} ms ({check['generation_tensors']} tensors)  "
+              f"{share:6.1%} of {row['time_s']:.2f} s")
     for scheme, row in summary["schemes"].items():
         if row["mismatched"]:
             print(f"VERIFY FAILED {scheme}: {row['mismatched'][:5]}")
