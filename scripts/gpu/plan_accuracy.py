@@ -12,7 +12,9 @@ Target: within 15%.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -81,16 +83,17 @@ PASSES = (
 def bench_settings(row: dict, data: dict):
     """The planner's settings for one recorded bench_memory row: the row's own composed config, as ``action=plan``
     reads it, with the benchmark's roles (only the actor: no reference model, no rollout engine) and batch."""
-    import dataclasses
-
     from recipes.compose import compose_recipe
     from recipes.plan import plan_settings
 
     cfg = compose_recipe("grpo", list(row["overrides"]))
     settings = plan_settings(cfg, has_critic=False, has_ref=False)
     batch = data["batch"]
+    # the budgets as the row ran them (an auto budget was resolved on the GPU machine, from the model folder there)
     return dataclasses.replace(settings, free_cache_engine=True, mini_batch_sequences_per_gpu=batch["mini_batch"],
-                               rollout_sequences_per_gpu=batch["sequences"])
+                               rollout_sequences_per_gpu=batch["sequences"],
+                               ppo_max_token_len_per_gpu=row["ppo_max_token_len_per_gpu"],
+                               log_prob_max_token_len_per_gpu=row["log_prob_max_token_len_per_gpu"])
 
 
 def static_bytes(memory: dict) -> dict[str, int]:
@@ -110,7 +113,11 @@ def memory_matrix_rows(data: dict) -> list[dict]:
     from hybrid_engine.plan.memory import estimate_memory, fsdp_pass_bytes
     from hybrid_engine.plan.settings import ClusterSpec
 
-    spec = build_spec(load_arch(data["model"]))
+    arch = load_arch(data["model"])
+    shallower = re.search(r"_(\d+)l$", str(data.get("part", "")))  # bench_memory's --layers-7b: the same shapes
+    if shallower:
+        arch = dataclasses.replace(arch, num_hidden_layers=int(shallower.group(1)))
+    spec = build_spec(arch)
     groups = hybrid_groups(TrainLayout(dp=1).resolve(1), InferLayout(tp=1).resolve(1), fsdp=True)
     cluster = ClusterSpec(nnodes=1, gpus_per_node=1, memory_gib=data["environment"]["gpu_memory_bytes"] / GIB)
     out = []
@@ -127,14 +134,14 @@ def memory_matrix_rows(data: dict) -> list[dict]:
             "update": memory["phases"]["training"],
         }
         for label, key, model_key in PASSES:
-            measured = row[key]["peak_bytes"]
+            measured = row.get(key, {}).get("peak_bytes")
             if measured is None:
                 continue
             at_measured = static["update" if key == "update" else "log_prob"] + max(
                 fsdp_pass_bytes(spec, settings, *micro)[model_key] for micro in micro_batches(row[key], settings)
             )
             out.append({
-                "run": f"actor {data['model']} {name}",
+                "run": f"actor {data['model']}{'_' + shallower.group(1) + 'l' if shallower else ''} {name}",
                 "phase": label,
                 "planned_bytes": planned[model_key],
                 "model_at_measured_bytes": at_measured,
