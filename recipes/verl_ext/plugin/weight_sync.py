@@ -237,7 +237,7 @@ def training_checksums(weights) -> dict[str, tuple[int, int, int]] | None:
     summed by one all-reduce, on device; None for verl's own stream (no state dict beside it)."""
     # lazy: ~50 ms; train.py imports this module for read_sync_log, only a weight sync needs the resharder
     from hybrid_engine.reshard import ShardedWeights
-    from hybrid_engine.reshard.checksum import checksums
+    from hybrid_engine.reshard.checksum import checksums  # lazy: as the line above
 
     if not isinstance(weights, ShardedWeights):
         return None
