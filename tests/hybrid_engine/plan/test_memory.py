@@ -27,6 +27,7 @@ def test_fsdp_training_state_tiny():
         "master_weights": 0,
         "optimizer": 8 * shard,
         "unsharded_layers": 3 * layer * 2,
+        "optimizer_step": 4 * shard,  # AdamW (foreach): one fp32 temporary per element at the step
     }
 
 
@@ -56,25 +57,50 @@ def test_kv_bytes_per_token():
 
 def test_activation_formulas():
     spec = build_spec("qwen2_5_7b")
-    h, layers, vocab, heads = 3584, 28, 152064, 28
-    base = {"strategy": "fsdp2", "ppo_max_token_len_per_gpu": 8192, "has_ref": False}
+    h, layers, vocab, inter = 3584, 28, 152064, 18944
+    q, kv = 28 * 128, 4 * 128
+    tokens = 8192
+    base = {"strategy": "fsdp2", "ppo_max_token_len_per_gpu": tokens, "has_ref": False}
+    layer = 2 * (4 + 2 * 2) * h + 2 * (4 * q + 4 * kv) + 2 * 4 * inter  # norms, attention, gated MLP (bf16)
+    assert layer == 241_664
+    logits = tokens * vocab * 2
+    root = (2 * vocab * h + h) * 2  # embedding, untied head, final norm (bf16, unsharded)
+    final_norm = tokens * 8 * h
     ckpt = _fsdp(spec, 8, 2, PlanSettings(gradient_checkpointing=True, **base))["activations"]
-    assert ckpt["activations"] == 8192 * (2 * h * layers + 34 * h)
-    assert ckpt["logits"] == 8192 * vocab * 8
+    assert ckpt["logits"] == logits  # remove-padding: the logits alone (flash-attn's CE writes its grad in place)
+    assert ckpt["activations"] == tokens * 2 * h * layers + final_norm + root  # each layer's input kept
     full = _fsdp(spec, 8, 2, PlanSettings(gradient_checkpointing=False, **base))["activations"]
-    assert full["activations"] == 8192 * 34 * h * layers
+    assert full["activations"] == tokens * layer * layers + final_norm + root
     eager = _fsdp(spec, 8, 2, PlanSettings(gradient_checkpointing=False, flash_attention=False, **base))
-    assert eager["activations"]["activations"] == 8192 * (34 * h + 5 * heads * 2048) * layers
+    assert eager["activations"]["activations"] == tokens * (layer + 5 * 28 * 2048) * layers + final_norm + root
+    # padded micro-batches (no remove-padding): the real tokens' copy and the padded logits' gradient; verl's
+    # eager entropy over the padded logits in the log-prob pass (12 B per entry beyond them)
+    padded = PlanSettings(use_remove_padding=False, use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=2,
+                          log_prob_micro_batch_size_per_gpu=8, **base)
+    padded = _fsdp(spec, 8, 2, padded)["activations"]
+    assert padded["tokens_per_micro_batch"] == 2 * 2048 and padded["log_prob_tokens"] == 8 * 2048
+    assert padded["logits"] == 3 * 2 * 2048 * vocab * 2
+    assert padded["log_prob_logits"] == 8 * 2048 * vocab * (2 + 12)
+    assert padded["log_prob_ref_logits"] == 8 * 2048 * vocab * (2 + 2)  # no entropy: the copy
     fixed = _fsdp(spec, 8, 2, PlanSettings(use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=2, **base))
-    assert fixed["activations"]["tokens_per_micro_batch"] == 2 * 2048
     assert fixed["activations"]["log_prob_tokens"] == 2 * 2048  # the update's micro-batch when none is given
-    # verl's log-prob passes take their own micro-batch size (rollout/ref.log_prob_micro_batch_size_per_gpu)
-    wide = PlanSettings(
-        use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=2, log_prob_micro_batch_size_per_gpu=8, **base
-    )
-    wide = _fsdp(spec, 8, 2, wide)["activations"]
-    assert wide["tokens_per_micro_batch"] == 2 * 2048 and wide["log_prob_tokens"] == 8 * 2048
-    assert wide["log_prob_logits"] == 8 * 2048 * vocab * 4
+
+
+def test_dynamic_micro_batch_capped_by_the_pass_sequences():
+    spec = build_spec("qwen2_5_0_5b")
+    settings = PlanSettings(ppo_max_token_len_per_gpu=10**6, log_prob_max_token_len_per_gpu=10**6,
+                            mini_batch_sequences_per_gpu=64, rollout_sequences_per_gpu=256, has_ref=False)
+    acts = _fsdp(spec, 8, 1, settings)["activations"]
+    assert acts["tokens_per_micro_batch"] == 64 * 2048 and acts["log_prob_tokens"] == 256 * 2048
+
+
+def test_optimizer_step_decides_when_the_pass_is_small():
+    spec = build_spec("qwen2_5_7b")
+    m = _fsdp(spec, 1, 1, PlanSettings(ppo_max_token_len_per_gpu=2048, has_ref=False))  # one GPU: a 30 GB step
+    parts = m["training_parts"]
+    assert parts["optimizer_step"] > parts["pass"]
+    states = sum(m["actor"][k] for k in ("params", "grads", "master_weights", "optimizer"))
+    assert m["phases"]["training"] == states + parts["optimizer_step"]
 
 
 def test_offload_lowers_generation_not_training():
