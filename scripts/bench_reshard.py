@@ -37,7 +37,7 @@ from hybrid_engine.reshard import (  # noqa: E402
     synthetic_source,
     synthetic_tensor,
 )
-from hybrid_engine.reshard.checksum import checksums, tensor_checksum  # noqa: E402
+from hybrid_engine.reshard.checksum import checksums, tensor_checksum, wrap  # noqa: E402
 from hybrid_engine.reshard.harness import SMALL_SHAPES, run_world, small_spec  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
@@ -132,7 +132,8 @@ def checksum_cost(resharder: Resharder, shards, device: torch.device) -> dict:
     dist.barrier()
     tic = time.perf_counter()
     _, sums = checksums(shards.storage)
-    dist.all_reduce(sums.to(device) if device.type == "cuda" else sums)
+    dist.all_reduce(sums)
+    wrap(sums)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     train_s = time.perf_counter() - tic

@@ -1,18 +1,18 @@
 """A cheap, exact checksum of model weights, computed where the tensors are (on device), to check a weight sync.
 
-Per tensor, three int64 numbers over the tensor's bit patterns (float32 as int32, bf16/fp16 as int16), taken row
-by row (dim 0; a 1-D tensor's rows are its elements):
+Per tensor, three numbers over the tensor's bit patterns, taken row by row (dim 0; a 1-D tensor's rows are its
+elements), the bits read as 32-bit words (a bf16/fp16 row of even length two values a word, float32 one value):
 
-- ``sum``      the sum of every element's bits;
-- ``weighted`` the sum of each row's bit sum times (its global row index + 1): rows in the wrong order (a wrong
-               tensor-parallel interleave, a fused q/k/v put together wrongly) change it;
-- ``nonfinite`` the number of NaN/Inf elements.
+- ``sum``       the sum of every word, modulo 2**32;
+- ``weighted``  the sum of each row's word sum times (its global row index + 1), modulo 2**32: rows in the wrong
+                order (a wrong tensor-parallel interleave, a fused q/k/v put together wrongly) change it;
+- ``nonfinite`` 1 when the tensor holds a NaN or an Inf (its sum is not finite), else 0.
 
-Integer sums wrap around modulo 2**64 alike in any order, so the checksum is exact (no float tolerance) and the
-checksums of a tensor's row shards add up to the whole tensor's: each training rank sums its FSDP2 ``Shard(0)``
-rows (global row offsets from the DTensor), one all-reduce adds them, and the result is compared with the
-checksum of the full tensor the generation side holds after the sync. The cost is two reductions per tensor and
-a row-sum vector, no copy of the tensor. Pure torch.
+Integer sums wrap around alike in any order, so the checksum is exact (no float tolerance) and the checksums of a
+tensor's row shards add up (:func:`wrap` after adding) to the whole tensor's: each training rank sums its FSDP2
+``Shard(0)`` rows (global row offsets from the DTensor), one all-reduce adds them, and the result is compared with
+the checksum of the full tensor the generation side holds after the sync. The cost is two passes over the tensor
+(an int32 row sum, a sum of the values), no copy of it. Pure torch.
 """
 
 from __future__ import annotations
@@ -22,21 +22,41 @@ from collections.abc import Mapping
 import torch
 
 FIELDS = ("sum", "weighted", "nonfinite")
-_BITS = {4: torch.int32, 2: torch.int16, 1: torch.int8, 8: torch.int64}
+MASK = (1 << 32) - 1
+_WORDS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
+
+
+def wrap(sums: torch.Tensor) -> torch.Tensor:
+    """Checksums added up (shards, an all-reduce) brought back to their modulo-2**32 form, in place."""
+    sums[..., :2] &= MASK
+    return sums
+
+
+def _words(rows: torch.Tensor) -> torch.Tensor:
+    """A ``[rows, n]`` tensor's bits as integer words: 32-bit where the row's bytes allow it."""
+    size = rows.element_size()
+    if size < 4 and rows.shape[1] * size % 4 == 0:
+        return rows.view(torch.int32)
+    return rows.view(_WORDS[size]) if rows.is_floating_point() else rows
 
 
 def tensor_checksum(tensor: torch.Tensor, row_offset: int = 0) -> torch.Tensor:
     """The ``[sum, weighted, nonfinite]`` int64 checksum of ``tensor`` (rows ``row_offset..`` of a larger tensor
     when it is a row shard), on the tensor's device."""
     t = tensor.detach()
-    if t.dim() == 0:
-        t = t.reshape(1)
-    t = t.contiguous()
-    bits = t.view(_BITS[t.element_size()]) if t.is_floating_point() else t
-    rows = bits.reshape(t.shape[0], -1).sum(dim=1, dtype=torch.int64)
+    t = (t.reshape(1) if t.dim() == 0 else t).contiguous()
+    rows = t.reshape(t.shape[0], -1)
+    words = _words(rows)
+    accumulate = torch.int64 if words.dtype == torch.int64 else torch.int32  # int32 wraps: modulo 2**32
+    row_sums = words.sum(dim=1, dtype=accumulate).to(torch.int64) & MASK
     index = torch.arange(row_offset + 1, row_offset + 1 + t.shape[0], device=t.device, dtype=torch.int64)
-    nonfinite = (~torch.isfinite(t)).sum(dtype=torch.int64) if t.is_floating_point() else rows.new_zeros(())
-    return torch.stack([rows.sum(), (rows * index).sum(), nonfinite])
+    if t.is_floating_point():
+        # the sum in the tensor's own dtype (bf16 has float32's range); fp16's would overflow at 65504
+        total = t.sum(dtype=torch.float32) if t.dtype == torch.float16 else t.sum()
+        nonfinite = (~torch.isfinite(total)).to(torch.int64)
+    else:
+        nonfinite = row_sums.new_zeros(())
+    return wrap(torch.stack([row_sums.sum(), ((row_sums * index) & MASK).sum(), nonfinite]))
 
 
 def local_checksum(tensor: torch.Tensor) -> torch.Tensor:
@@ -69,7 +89,7 @@ def counts_here(tensor: torch.Tensor) -> bool:
 
 def checksums(state: Mapping[str, torch.Tensor]) -> tuple[list[str], torch.Tensor]:
     """(names, ``[n, 3]`` int64 checksums) of full (or row-shard, see :func:`local_checksum`) tensors, stacked on
-    the first tensor's device so that one all-reduce sums the shares of every rank."""
+    the first tensor's device so that one all-reduce sums the shares of every rank (then :func:`wrap`)."""
     names = list(state)
     if not names:
         return names, torch.zeros(0, 3, dtype=torch.int64)
@@ -98,5 +118,5 @@ def nonfinite(sums: Mapping[str, tuple[int, int, int]]) -> str | None:
     """The first tensor holding NaN/Inf values, in one line; None when every value is finite."""
     for name, (_, _, bad) in sums.items():
         if bad:
-            return f"{name} holds {bad} NaN/Inf values"
+            return f"{name} holds NaN/Inf values"
     return None

@@ -237,13 +237,14 @@ def training_checksums(weights) -> dict[str, tuple[int, int, int]] | None:
     summed by one all-reduce, on device; None for verl's own stream (no state dict beside it)."""
     # lazy: ~50 ms; train.py imports this module for read_sync_log, only a weight sync needs the resharder
     from hybrid_engine.reshard import ShardedWeights
-    from hybrid_engine.reshard.checksum import checksums  # lazy: as the line above
+    from hybrid_engine.reshard.checksum import checksums, wrap  # lazy: as the line above
 
     if not isinstance(weights, ShardedWeights):
         return None
     names, sums = checksums(weights.state_dict)
     if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(sums)  # int64 sums wrap alike in any order: exact
+        dist.all_reduce(sums)  # integer sums, alike in any order: exact
+        wrap(sums)
     return {name: tuple(row) for name, row in zip(names, sums.tolist(), strict=True)}
 
 

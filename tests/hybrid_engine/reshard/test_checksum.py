@@ -4,23 +4,23 @@ from __future__ import annotations
 
 import torch
 
-from hybrid_engine.reshard.checksum import checksums, first_mismatch, nonfinite, tensor_checksum
+from hybrid_engine.reshard.checksum import checksums, first_mismatch, nonfinite, tensor_checksum, wrap
 
 
 def _wrapping_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return a + b  # int64: wraps modulo 2**64 as an all-reduce's sum does
+    return wrap(a + b)  # as an all-reduce's sum, then wrap
 
 
 def test_row_shards_add_up_to_the_whole_tensor_exactly():
     torch.manual_seed(0)
-    for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        full = torch.randn(13, 7).to(dtype)
+    for dtype, cols in ((torch.float32, 7), (torch.bfloat16, 6), (torch.bfloat16, 7), (torch.float16, 8)):
+        full = torch.randn(13, cols).to(dtype)  # bf16 rows of 6: 32-bit words; of 7: 16-bit ones
         shards = torch.tensor_split(full, 4)  # uneven, like FSDP2's Shard(0) of 13 rows on 4 ranks
         offset, total = 0, torch.zeros(3, dtype=torch.int64)
         for shard in shards:
             total = _wrapping_add(total, tensor_checksum(shard, row_offset=offset))
             offset += shard.shape[0]
-        assert torch.equal(total, tensor_checksum(full)), dtype
+        assert torch.equal(total, tensor_checksum(full)), (dtype, cols)
 
 
 def test_swapped_rows_a_changed_bit_and_nans_are_seen():
@@ -34,7 +34,8 @@ def test_swapped_rows_a_changed_bit_and_nans_are_seen():
     assert not torch.equal(tensor_checksum(nudged), base)
     poisoned = full.clone()
     poisoned[0, :3] = float("nan")
-    assert int(tensor_checksum(poisoned)[2]) == 3 and int(base[2]) == 0
+    assert int(tensor_checksum(poisoned)[2]) == 1 and int(base[2]) == 0
+    assert int(tensor_checksum(torch.tensor([1.0, float("inf")]))[2]) == 1
 
 
 def test_mismatch_and_nonfinite_name_the_tensor():
@@ -48,4 +49,4 @@ def test_mismatch_and_nonfinite_name_the_tensor():
         f"b.bias: training and generation weights differ (weighted {train['b.bias'][1]} != "
         f"{train['b.bias'][1] + 1})")
     assert first_mismatch(train, {"a.weight": train["a.weight"]}) == "b.bias: not on the generation side"
-    assert nonfinite({**train, "a.weight": (0, 0, 6)}) == "a.weight holds 6 NaN/Inf values"
+    assert nonfinite({**train, "a.weight": (0, 0, 1)}) == "a.weight holds NaN/Inf values"
