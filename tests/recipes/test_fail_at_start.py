@@ -30,3 +30,24 @@ def test_refused_before_anything_starts(tmp_path, recipe_cli, argv, expected):
     assert "Traceback" not in proc.stderr and "training:" not in proc.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "elsewhere"]  # no run folder, nothing started
     assert not list(tmp_path.parent.glob("20*-*-*_*-*-*"))  # run.name=../..: nothing written above run.root
+
+
+def test_resume_of_a_run_whose_latest_checkpoint_is_damaged_offers_the_previous_one(tmp_path, recipe_cli):
+    from tests.recipes.test_checkpoints import _checkpoint, _run_folder
+
+    run = _run_folder(tmp_path)
+    good = _checkpoint(run, 2)
+    damaged = _checkpoint(run, 4)
+    model = damaged / "actor" / "model_world_size_1_rank_0.pt"
+    with open(model, "r+b") as f:
+        f.truncate(4096)  # a model file cut short
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    proc = recipe_cli("grpo", f"run.resume={run}", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"config error: run.resume={run}: the latest checkpoint {damaged} is damaged: "
+        f"actor/model_world_size_1_rank_0.pt is 4096 bytes, {2 << 20} when saved (truncated or overwritten); the "
+        f"previous complete one is {good}: add trainer.resume_from_path={good} to resume from it (stability=auto "
+        "takes it by itself)")
+    assert "Traceback" not in proc.stderr
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before  # nothing created in the run folder
