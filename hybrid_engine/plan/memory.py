@@ -112,7 +112,7 @@ def _training_state(spec: ModelSpec, groups: HybridGroups, settings: PlanSetting
         "master_weights": -(-dense_elems * 4 // dp_cp) + -(-expert_elems * 4 // edp),
         "optimizer": -(-dense_elems * 8 // dp_cp) + -(-expert_elems * 8 // edp),
         "unsharded_layers": 0,
-        "optimizer_step": -(-dense_elems * 4 // dp_cp) + -(-expert_elems * 4 // edp),
+        "optimizer_step": 0,  # Megatron's fused Adam (multi-tensor apply) steps without a shard-sized temporary
         "param_elems": dense_elems + expert_elems,
     }
 
