@@ -1,6 +1,7 @@
 """Ctrl-C while training: exit 130, no traceback, Ray ended, the last complete checkpoint named, and the printed
 resume command (``run.resume=<run folder>``) continues the run in its own folder: every step in metrics.jsonl
-exactly once, the KL controller's state carried on, each launch's record kept."""
+exactly once, the KL controller's state carried on, each launch's record kept, every weight sync checked by
+checksum on both sides."""
 
 from __future__ import annotations
 
@@ -78,5 +79,9 @@ def test_ctrl_c_stops_cleanly_and_the_resume_command_continues(tmp_path, recipe_
     assert (run_dir / "resolved_config.yaml").read_bytes() == first_record  # the first launch's record stays
     second = (run_dir / "resume_1" / "resolved_config.yaml").read_text()
     assert f"total_training_steps: {step + 2}" in second and f"resume_from_path: {kept}" in second
+    syncs = [json.loads(line) for line in (run_dir / "weight_sync.jsonl").read_text().splitlines()]
+    checks = [r["extra"]["checksum"] for r in syncs]
+    assert len({r["global_steps"] for r in syncs}) >= step + 2  # a sync per step, both launches
+    assert all(c["checked"] == "both sides" and c["match"] is True and c["tensors"] > 0 for c in checks)
     bands = json.loads((run_dir / "bands.json").read_text())["summary"]
     assert {b["band"]: b["steps"] for b in bands}["kl_mean"] == step + 2  # the summary covers the whole run
