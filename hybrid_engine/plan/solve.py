@@ -235,12 +235,10 @@ def _micro_tokens(settings: PlanSettings) -> dict:
     else:
         update = settings.ppo_max_token_len_per_gpu
         log_prob = settings.log_prob_max_token_len_per_gpu or settings.ppo_max_token_len_per_gpu
-        for key, name in (("update", "mini_batch_sequences_per_gpu"), ("log_prob", "rollout_sequences_per_gpu")):
-            cap = getattr(settings, name, None)
-            if cap and key == "update":
-                update = min(update, cap * seq)
-            elif cap:
-                log_prob = min(log_prob, cap * seq)
+        if settings.mini_batch_sequences_per_gpu:
+            update = min(update, settings.mini_batch_sequences_per_gpu * seq)
+        if settings.rollout_sequences_per_gpu:
+            log_prob = min(log_prob, settings.rollout_sequences_per_gpu * seq)
     return {"tokens_per_micro_batch": update, "log_prob_tokens": log_prob}
 
 
@@ -291,15 +289,11 @@ class _Solver:
         return replace(s, **actor, **log_prob, **self.per_gpu_batches(layout.train.dp))
 
     def per_gpu_batches(self, dp: int) -> dict:
-        """The sequences one GPU trains on per optimizer step and scores per log-prob pass at this dp, where the
-        run's settings know them (they cap dynamic micro-batches)."""
-        out = {}
+        """The sequences one GPU trains on per optimizer step and scores per log-prob pass at this dp (they cap
+        dynamic micro-batches in the memory model; ``_batch_splits`` made the first exact)."""
         n, w = self.base.rollout_n, self.request.workload
-        for key, prompts in (("mini_batch_sequences_per_gpu", w.ppo_mini_batch_size),
-                             ("rollout_sequences_per_gpu", w.train_batch_size)):
-            if getattr(self.base, key, None) is not None:
-                out[key] = prompts * n // dp
-        return out
+        return {"mini_batch_sequences_per_gpu": w.ppo_mini_batch_size * n // dp,
+                "rollout_sequences_per_gpu": w.train_batch_size * n // dp}
 
     def memory(self, layout: _Layout, settings: PlanSettings) -> dict:
         return estimate_memory(self.spec, layout.groups, self.cluster, settings, layout.weights)
