@@ -25,8 +25,13 @@ def _request(model: str, nnodes: int, *, top: int = 5, critic: bool = False, n: 
                         top=top)
 
 
+A100 = {"gpu": "a100_80g"}
+H200 = {"gpu": "h200_141g", "memory_gib": 141.0}
+# every shipped model that fits somewhere small (DeepSeek-V3 needs hundreds of GPUs: the benchmark's case), on
+# each GPU kind, both batching modes, with and without a critic
 CASES = [("qwen2_7b", 2, {}), ("qwen2_5_32b", 2, {"critic": True, "n": 1}), ("qwen3_30b_a3b", 1, {}),
-         ("qwen2_5_0_5b", 1, {"dynamic": False})]
+         ("qwen2_5_0_5b", 1, {"dynamic": False}), ("llama3_1_70b", 2, A100), ("llama3_1_8b", 2, H200),
+         ("qwen2_5_7b", 2, {**A100, "critic": True, "n": 1}), ("tiny", 1, H200)]
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[case[0] for case in CASES])
