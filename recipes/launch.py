@@ -219,6 +219,10 @@ def checked_run(cfg: DictConfig) -> ValidatedRun:
     """Validate for the chosen action; ConfigError with every problem. A plan is made even for a layout that does
     not fit the model (it shows why, and exits 2); every other action needs a valid config."""
     action = check_action(cfg)
+    if OmegaConf.select(cfg, "run.resume") and not OmegaConf.select(cfg, "run.record_dir"):
+        # only a single run pins its folder to the resumed one (pin_run_dir); a -m job would silently start afresh
+        raise ConfigError(f"run.resume={OmegaConf.select(cfg, 'run.resume')}: not in a -m sweep or with Hydra's "
+                          "flags; resume each run with its own command")
     if action == "plan":
         run = check(cfg)
         solving = OmegaConf.select(cfg, "plan.solve", default=False) is True  # the search replaces the layout
