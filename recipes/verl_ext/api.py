@@ -15,6 +15,8 @@ import types
 import warnings
 from typing import Literal, get_args
 
+from recipes.verl_ext.early_start import EarlyStart, close_transfer_queue
+
 # verl 0.9.1's own fallback for vLLM's MaxLoRARanks (verl/workers/rollout/vllm_rollout/utils.py,
 # get_vllm_max_lora_rank), used where vLLM is not installed; tests/recipes/verl_ext/test_api.py holds them equal
 VLLM_LORA_RANKS = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]
@@ -105,8 +107,6 @@ def shutdown_ray() -> None:
     """End this process's Ray session (verl's run_ppo leaves it up): the next run in this process starts clean."""
     import ray  # lazy: only a training run has started Ray
 
-    from recipes.verl_ext.early_start import close_transfer_queue
-
     if ray.is_initialized():
         close_transfer_queue()
         ray.shutdown()
@@ -125,8 +125,6 @@ def run_ppo(cfg, task_runner_class=None) -> None:
 
             task_runner_class = TaskRunner
     if cfg.trainer.use_v1 and task_runner_class is TaskRunnerV1:
-        from recipes.verl_ext.early_start import EarlyStart
-
         # TransferQueue's actors and the hf rollout's servers start while the task runner imports verl and builds
         # its workers (recipes/verl_ext/early_start.py)
         task_runner_class = EarlyStart(task_runner_class, cfg)

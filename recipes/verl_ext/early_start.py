@@ -17,6 +17,7 @@ is removed and verl starts what is missing itself, as without this.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 
@@ -84,8 +85,6 @@ def start_transfer_queue(conf) -> bool:
 
 def close_transfer_queue() -> None:
     """This process's TransferQueue client and storage handles released (the next run of a sweep starts fresh)."""
-    import sys
-
     tq = sys.modules.get("transfer_queue")
     if tq is None:
         return
