@@ -340,6 +340,7 @@ def fsdp_shards_from_state_dict(state_dict: Mapping[str, torch.Tensor], spec: Mo
     storage: dict[str, torch.Tensor] = {}
     segments: dict[str, list[Segment]] = {}
     rank = world = None
+    meshes: dict[int, tuple[int, int]] = {}  # id(mesh) -> (rank, world): DeviceMesh.mesh is rebuilt on each read
     for tensor in unique_tensors(spec):
         if tensor.name not in state_dict:
             raise KeyError(f"state dict lacks {tensor.name} (has {len(state_dict)} keys)")
@@ -349,9 +350,11 @@ def fsdp_shards_from_state_dict(state_dict: Mapping[str, torch.Tensor], spec: Mo
         if tuple(value.placements) != (Shard(0),):
             raise ValueError(f"{tensor.name}: placements {value.placements}, need (Shard(0),)")
         mesh = value.device_mesh
-        if mesh.ndim != 1 or mesh.mesh.tolist() != list(range(mesh.size())):
-            raise ValueError(f"{tensor.name}: FSDP mesh {mesh.mesh.tolist()} is not one dimension over ranks 0..N-1")
-        rank, world = mesh.get_local_rank(), mesh.size()
+        if id(mesh) not in meshes:
+            if mesh.ndim != 1 or mesh.mesh.tolist() != list(range(mesh.size())):
+                raise ValueError(f"{tensor.name}: FSDP mesh {mesh.mesh.tolist()} is not one dimension over ranks 0..N-1")
+            meshes[id(mesh)] = mesh.get_local_rank(), mesh.size()
+        rank, world = meshes[id(mesh)]
         box = fsdp_box(tensor, world, rank)
         local = value.to_local()
         if tuple(local.shape) != box_shape(box):
