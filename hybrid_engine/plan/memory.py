@@ -13,21 +13,26 @@ Training state of the actor (the critic, when there is one, is the same size):
 Offload (verl moves states back to the GPU for the phase that uses them, so offload lowers the OTHER phases):
   param      actor/ref/critic params and grads on CPU outside their compute; optimizer  optimizer states (and the
   megatron master weights) on CPU outside the update; full  both.
-Activations of one micro-batch (tokens = ppo_max_token_len_per_gpu with dynamic batch size, else
-  ppo_micro_batch_size_per_gpu * (prompt + response); log-prob passes: log_prob_max_token_len_per_gpu, else
-  log_prob_micro_batch_size_per_gpu * (prompt + response)), Korthikanti et al. 2022 with 2-byte activations:
-  no checkpointing   34*h (+ 5*heads*seq without flash attention) bytes per token per layer, all layers kept;
-  checkpointing      2*h bytes per token per layer (each layer's input) + one layer's full 34*h recomputed.
-  Megatron divides by tp (sequence parallel) and keeps the layers of p in-flight micro-batches on its first stage
-  (about all L layers); FSDP keeps all L layers. Logits: vocab * 4 B (fp32) per token, twice in training (logits
-  and their gradient), divided by tp (vocab-parallel). The log-prob phase keeps one layer and the fp32 logits.
+Micro-batches: dynamic ones hold at most the token budget (verl makes ceil(tokens / budget) of them and balances
+  them) and at most the pass's own tokens (the PPO mini-batch per GPU for the update, the rollout batch per GPU for
+  the log-prob passes); fixed ones micro-batch sequences * (prompt + response), padded.
+FSDP passes (``fsdp_pass_bytes``, measured on an H200: README, memory accuracy): bf16 logits, tokens * vocab * 2;
+  verl's eager full-vocabulary entropy on padded micro-batches 12 B per entry more (compiled on the remove-padding
+  path: nothing); padded: the real tokens' logits copied out, and in the update the padded logits' gradient
+  (flash-attn's cross-entropy writes the packed gradient in place); kept layers (checkpointing: each layer's input;
+  without: ``_layer_bytes_per_token`` per layer) and the final norm; the unsharded root parameters in the update. The
+  update's peak is the larger of its pass and torch AdamW's step temporary (one fp32 copy of the shard).
+Megatron (not measured yet): Korthikanti et al. 2022, 2-byte activations divided by tp, p micro-batches in flight
+  on the first stage, fp32 logits twice in training divided by tp.
 Rollout engine (vLLM/SGLang colocated): it takes gpu_memory_utilization of the GPU for its weights (the generation
-  shard in ``dtype``) and KV cache; KV bytes per token per GPU = layers of the generation stage * 2 * kv heads per
-  TP rank (at least 1) * head_dim * dtype (MLA: (kv_lora_rank + qk_rope_head_dim) * dtype per layer, replicated).
+  shard in ``dtype``) and KV cache (the pack's hf rollout holds nothing on the GPU); KV bytes per token per GPU =
+  layers of the generation stage * 2 * kv heads per TP rank (at least 1) * head_dim * dtype (MLA: (kv_lora_rank +
+  qk_rope_head_dim) * dtype per layer, replicated).
   With free_cache_engine the engine sleeps during training (KV freed, weights offloaded), otherwise it stays.
 Phases: generation = engine + resident states that are not offloaded; training = actor update with everything it
   needs + resident ref/critic + the engine unless it sleeps; log_prob = forward-only pass. fits = peak +
-  min_headroom_gib <= GPU memory.
+  min_headroom_gib <= GPU memory. The engine's share that works (``utilization_bounds``): at most what the GPU has
+  beside the training side while the engine is awake, less the headroom; at least its weights and one sequence.
 """
 
 from __future__ import annotations
