@@ -11,7 +11,8 @@ def resolved(recipe, *overrides):
 
 
 def test_dynamic_batching_budgets_are_multiples_of_one_sequence():
-    cfg = resolved("kl_ppo", "batching=dynamic", "data.max_prompt_length=1000", "data.max_response_length=2000")
+    cfg = resolved("kl_ppo", "batching=dynamic", "data.max_prompt_length=1000", "data.max_response_length=2000",
+                   "batching.actor_factor=3", "batching.logprob_factor=4", "batching.critic_factor=6")
     assert cfg.actor_rollout_ref.actor.use_dynamic_bsz is True
     assert cfg.actor_rollout_ref.model.use_remove_padding is True and cfg.critic.model.use_remove_padding is True
     assert cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 3 * 3000
@@ -19,6 +20,12 @@ def test_dynamic_batching_budgets_are_multiples_of_one_sequence():
     assert cfg.actor_rollout_ref.ref.log_prob_max_token_len_per_gpu == 4 * 3000
     assert cfg.critic.ppo_max_token_len_per_gpu == 2 * cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu
     assert cfg.critic.forward_max_token_len_per_gpu == cfg.critic.ppo_max_token_len_per_gpu
+    # the default: the auto budgets of the memory model (tests/recipes/test_budget.py); the critic twice the actor's,
+    # at most its mini-batch per GPU: ppo_mini_batch_size 256 * rollout.n 1 / dp 8 = 32 sequences of 3000 tokens
+    auto = resolved("kl_ppo", "batching=dynamic", "data.max_prompt_length=1000", "data.max_response_length=2000")
+    budget = auto.actor_rollout_ref.actor.ppo_max_token_len_per_gpu
+    assert 3000 <= budget < 32 * 3000 and budget % 256 == 0
+    assert auto.critic.ppo_max_token_len_per_gpu == min(2 * budget, 32 * 3000)
     fixed = resolved("kl_ppo", "batching=fixed")
     assert not fixed.actor_rollout_ref.actor.use_dynamic_bsz and not fixed.critic.use_dynamic_bsz
 
