@@ -297,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--torch-compile", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--override", action="append", default=[])
+    parser.add_argument("--rows", default="", help="memory rows to run, comma-separated (default: all)")
     args = parser.parse_args(argv)
     args.mini_batch = 0
     device = bdb.prepare_process(args)
@@ -305,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     seq = args.max_prompt + args.max_response
     parts = args.parts.split(",")
     if "memory" in parts:
-        run_part("memory", memory_rows(seq), args, device, log, args.out, timing=False)
+        rows = [row for row in memory_rows(seq) if not args.rows or row[0] in args.rows.split(",")]
+        run_part("memory", rows, args, device, log, args.out, timing=False)
     speed_rows = [("fixed", ["batching=fixed"]), ("auto", ["batching=dynamic"])]
     if "speed" in parts:
         ns = argparse.Namespace(**{**vars(args), "batch": args.speed_batch})

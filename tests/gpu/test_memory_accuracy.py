@@ -103,3 +103,26 @@ def test_chunked_logprobs_substitute_matches_log_softmax_and_its_gradient():
     out = bench_dynamic_batch.chunked_logprobs(leaf * 1.0, labels)  # a non-leaf, as the model's logits are
     (grad,) = torch.autograd.grad((out * weights).sum(), leaf)
     assert torch.allclose(out.double(), reference, atol=1e-6) and torch.allclose(grad, ref_grad, atol=1e-6)
+
+
+def test_bench_memory_records_the_micro_batches_verl_formed(tmp_path):
+    """The benchmark's logic on the CPU (tiny model): each pass records its micro-batches; a dynamic one never holds
+    more real tokens than its budget, a fixed one computes its padding (count x longest)."""
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "scripts/gpu/bench_memory.py", "--out", str(tmp_path), "--device", "cpu", "--model", "tiny",
+         "--parts", "memory", "--rows", "fixed,dynamic_3x", "--batch", "32", "--max-prompt", "32",
+         "--max-response", "64", "--prompt-min", "8", "--response-median", "20", "--no-torch-compile"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads((tmp_path / "memory.json").read_text())["rows"]
+    dynamic, fixed = rows["dynamic_3x"], rows["fixed"]
+    assert dynamic["ppo_max_token_len_per_gpu"] == 3 * 96
+    for key in ("log_prob_entropy", "log_prob_no_entropy", "update"):
+        (call,) = dynamic[key]["micro_batches"]
+        assert len(call["real"]) >= 2 and max(call["real"]) <= 3 * 96
+        (call,) = fixed[key]["micro_batches"]
+        assert all(p >= r for p, r in zip(call["padded"], call["real"], strict=True))
+    assert len(fixed["update"]["micro_batches"][0]["real"]) == 32 // fixed["ppo_micro_batch_size_per_gpu"]
