@@ -188,13 +188,16 @@ def collect(handoffs: list[Path], dynamics: list[Path], memories: list[Path] = (
 
 
 def render(result: dict) -> str:
-    lines = [f"{'run':<32} {'phase':<56} {'plan GiB':>9} {'measured GiB':>13} {'error':>8}  within 15%"]
+    """One line per row; memory rows add the model at the micro-batches verl formed and its error."""
+    lines = [f"{'run':<32} {'phase':<56} {'plan GiB':>9} {'measured GiB':>13} {'error':>8}  within 15%"
+             f"  {'model@measured':>14} {'error':>8}"]
     for row in result["rows"]:
         ok = "yes" if row["within_target"] else "NO"
-        lines.append(
-            f"{row['run']:<32} {row['phase']:<56} {row['planned_bytes'] / GIB:>9.2f} "
-            f"{row['measured_bytes'] / GIB:>13.2f} {row['error_pct']:>+7.1f}%  {ok}"
-        )
+        line = (f"{row['run']:<32} {row['phase']:<56} {row['planned_bytes'] / GIB:>9.2f} "
+                f"{row['measured_bytes'] / GIB:>13.2f} {row['error_pct']:>+7.1f}%  {ok:<10}")
+        if "model_error_pct" in row:
+            line += f"  {row['model_at_measured_bytes'] / GIB:>14.2f} {row['model_error_pct']:>+7.1f}%"
+        lines.append(line)
     return "\n".join(lines)
 
 
