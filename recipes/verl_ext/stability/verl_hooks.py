@@ -7,10 +7,12 @@
    with verl's own trainer registry (``register_trainer``), right after ``verl.trainer.ppo.v1`` is imported;
 2. wraps, in ``verl.workers.engine_workers`` (pinned to verl 0.9.1, loud on another version):
 
-   - ``tensordict_utils.make_iterator``: takes this pack's two keys off the update batch (guard threshold, loss-side
-     KL coefficient) and, when a threshold came with it, lets :class:`~.guard.KLGuard` end the mini-batch loop;
+   - ``tensordict_utils.make_iterator``: takes this pack's keys off the update batch (guard threshold, loss-side
+     KL coefficient, a test's fault) and, when a threshold came with it, lets :class:`~.guard.KLGuard` end the mini-batch loop;
    - ``TrainingWorker.train_batch``: applies the step's KL coefficient to the loss function, reports each update's
-     ``actor/ppo_kl`` to the guard, and agrees on the stop across ranks;
+     ``actor/ppo_kl`` to the guard, and agrees on the stop across ranks; in a fault-injection test
+     (``stability.inject.oom_at_step`` / ``nan_weights_at_step``) raises torch's OutOfMemoryError where a real one is
+     raised, or writes NaN into a weight of the model after the update;
    - ``TrainingWorker.train_mini_batch``: adds the ``guard/*`` metrics to the update's metrics and steps the LR
      scheduler when the guard skipped the update that would have stepped it.
 
