@@ -178,7 +178,8 @@ def _warnings(plan: Plan, spec: ModelSpec) -> list[str]:
                 " the resharding all-gather crosses the network"
             )
     m = plan.memory
-    if m is not None:
+    host_rollout = m is not None and m["rollout"]["gpu_memory_utilization"]["max"] is None
+    if m is not None and not host_rollout:
         if m["rollout"]["kv_cache"] <= 0:
             out.append(
                 f"rollout.gpu_memory_utilization: {s.gpu_memory_utilization} of the GPU"
@@ -189,8 +190,9 @@ def _warnings(plan: Plan, spec: ModelSpec) -> list[str]:
             out.append(
                 f"rollout: KV cache holds {m['rollout']['kv_cache_tokens']} tokens < one sequence ({seq} tokens)"
             )
-        share = m["rollout"].get("gpu_memory_utilization") or {}
-        if share.get("max") is not None and not share["ok"]:
+    if m is not None:
+        share = m["rollout"]["gpu_memory_utilization"]
+        if share["max"] is not None and not share["ok"]:
             out.append(
                 f"rollout.gpu_memory_utilization: {share['configured']:g} is outside {share['min']:.2f} to"
                 f" {share['max']:.2f}, the share that leaves the training side its peak plus"
