@@ -59,6 +59,7 @@ def replace_from(tmp: str | os.PathLike, path: str | os.PathLike) -> Path:
 
 
 _NO_SPACE = re.compile(r"\[Errno 28\] No space left on device: '([^']+)'")
+_OURS = re.compile(r"could not write \S+: no space left on device \([^)]*\)")
 
 
 def disk_full_line(error: BaseException) -> str | None:
@@ -71,7 +72,11 @@ def disk_full_line(error: BaseException) -> str | None:
             where = seen.filename or "a file"
             return f"could not write {where}: {describe_os_error(seen)}"
         seen = seen.__cause__ or seen.__context__
-    found = _NO_SPACE.search(str(error))
+    text = str(error)
+    ours = _OURS.search(text)  # the pack's own WriteFailed, raised in a Ray worker (its text crosses over)
+    if ours:
+        return ours.group(0)
+    found = _NO_SPACE.search(text)
     if found:
         return f"could not write {found.group(1)}: {describe_os_error(OSError(errno.ENOSPC, 'No space left'))}"
     return None

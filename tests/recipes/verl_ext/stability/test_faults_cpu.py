@@ -10,11 +10,15 @@ attempt  fault                                                          reason e
 3        none: finishes steps 3-5                                       -
 
 Every restart resumes from the step-2 checkpoint; metrics.jsonl holds each step once, the superseded rows aside.
+Then the run's last record meets a full disk: ``os.replace`` of ``bands.json`` raises ENOSPC (a ``sitecustomize`` on
+the run's PYTHONPATH, where the pack's write happens): one line naming the path, exit 1, no traceback, no temporary
+left, every checkpoint kept.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -39,13 +43,28 @@ def _ray_workers(root_pid: int, title: str) -> list[psutil.Process]:
     return found
 
 
-def test_rollback_names_the_real_cause_and_writes_each_step_once(tmp_path):
+FULL_DISK = """
+import errno, os
+_replace = os.replace
+def replace(src, dst, *args, **kwargs):
+    if str(dst).endswith("bands.json"):
+        raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+    return _replace(src, dst, *args, **kwargs)
+os.replace = replace
+"""
+
+
+def test_rollback_names_the_real_cause_and_writes_each_step_once_then_a_full_disk_is_one_line(tmp_path):
     command = [sys.executable, "-m", "recipes.grpo", "stability=auto", "trainer.total_training_steps=5",
                "trainer.save_freq=2", "stability.degradations=[forward_prefetch_off]",
                "stability.inject.oom_at_step=3", "stability.inject.oom_attempt=0",
                "stability.inject.nan_weights_at_step=3", "stability.inject.nan_weights_attempt=1"]
-    proc = subprocess.Popen(command, cwd=tmp_path, env=checkout_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    site = tmp_path / "full_disk"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(FULL_DISK)
+    env = checkout_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"]])
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     killed, seen, failed = [], [], 0
     for line in proc.stdout:
         seen.append(line)
@@ -57,8 +76,11 @@ def test_rollback_names_the_real_cause_and_writes_each_step_once(tmp_path):
                 worker.send_signal(signal.SIGKILL)
     out, err = proc.communicate(timeout=900)
     stdout = "".join(seen) + out
-    assert proc.returncode == 0, f"{stdout[-3000:]}\n{err[-3000:]}"
     run_dir = next((tmp_path / "runs" / "grpo").glob("*/attempts.jsonl")).parent
+    assert proc.returncode == 1, f"{stdout[-3000:]}\n{err[-3000:]}"
+    assert err.strip().splitlines()[-1] == (f"could not write {run_dir}/bands.json: no space left on device (the file "
+                                            "is left as it was; free space, then resume the run)")
+    assert "Traceback" not in err and not list(run_dir.glob(".bands.json.tmp-*"))
     attempts = [json.loads(line) for line in (run_dir / "attempts.jsonl").read_text().splitlines()]
     assert [a["outcome"] for a in attempts] == ["restart", "restart", "restart", "finished"]
     reasons = [a.get("reason") for a in attempts[:3]]
