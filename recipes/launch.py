@@ -37,7 +37,7 @@ from recipes.overrides import has_hydra_flags
 from recipes.ray_jobs import preflight, submit_from_hydra
 from recipes.resolvers import register_resolvers
 from recipes.resume import plan_resume
-from recipes.rundir import Reservation, refuse_location, release, reserve
+from recipes.rundir import Reservation, lock, refuse_location, release, reserve, unlock
 from recipes.sweep import job_result
 from recipes.validate import ValidatedRun, check, validate
 
@@ -121,6 +121,8 @@ def run_composed(app, recipe: str, cfg: DictConfig, notices: list[str]) -> None:
     reservation = pin_run_dir(cfg)
     try:
         run = checked_run(task_config(cfg))
+        resumed = OmegaConf.select(cfg, "run.resume")
+        held = lock(cfg.hydra.run.dir, f"run.resume={resumed}" if resumed else f"hydra.run.dir={cfg.hydra.run.dir}")
     except BaseException:
         if reservation is not None:
             release(reservation)  # a refused run leaves no folder behind
@@ -137,7 +139,10 @@ def run_composed(app, recipe: str, cfg: DictConfig, notices: list[str]) -> None:
         callbacks.on_run_end(config=cfg, config_name=recipe, job_return=ret)
         _ = ret.return_value  # re-raises what the job raised
 
-    run_and_report(job)
+    try:
+        run_and_report(job)
+    finally:
+        unlock(held)
 
 
 def pin_run_dir(cfg: DictConfig) -> Reservation | None:

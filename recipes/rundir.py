@@ -4,12 +4,16 @@ The folder name holds the time to the second (``runs/grpo/2026-12-01_12-40-25``)
 ``os.mkdir`` (atomic: exactly one process wins); a name already taken gets the next free suffix (``..._12-40-25-1``).
 :func:`release` removes what a reservation created when the run does not go ahead (a config error), so a bad input
 leaves no folder behind. :func:`refuse_location` checks, before anything is created, that the folder stays inside
-``run.root`` and that ``run.root`` can be written.
+``run.root`` and that ``run.root`` can be written. While a run goes, :func:`lock` keeps ``run.lock`` in its folder
+(the process and host): a second live run in the same folder (``run.resume=`` of a running run, a typed
+``hydra.run.dir``) is refused; a lock whose process is gone is taken over.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,3 +81,52 @@ def _make_parents(folder: Path) -> list[Path]:
         except FileExistsError:  # another run made it meanwhile: theirs, not ours to remove
             pass
     return made
+
+
+LOCK = "run.lock"
+
+
+def lock(folder: str | os.PathLike, key: str) -> Path:
+    """Create ``<folder>/run.lock`` for this process, exclusively; ConfigError naming ``key`` while another live
+    process holds it. A lock left by a process that is gone (killed, its machine rebooted) is taken over."""
+    path = Path(folder) / LOCK
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            holder = _holder(path)
+            if holder is not None and _alive(holder):
+                raise ConfigError(f"{key}: {path.parent} is in use by process {holder['pid']} on {holder['host']} "
+                                  f"({path}; it goes when that run ends)") from None
+            path.unlink(missing_ok=True)  # stale: its process is gone
+            continue
+        with os.fdopen(fd, "w") as f:
+            json.dump({"pid": os.getpid(), "host": socket.gethostname()}, f)
+        return path
+    raise ConfigError(f"{key}: could not take {path} (another run keeps taking it)")
+
+
+def unlock(path: Path | None) -> None:
+    """Remove a lock this process took."""
+    if path is not None and (_holder(path) or {}).get("pid") == os.getpid():
+        path.unlink(missing_ok=True)
+
+
+def _holder(path: Path) -> dict | None:
+    try:
+        holder = json.loads(path.read_text())
+        return holder if isinstance(holder, dict) and isinstance(holder.get("pid"), int) else None
+    except (OSError, ValueError):
+        return None  # half written or gone: a process that died while taking it
+
+
+def _alive(holder: dict) -> bool:
+    if holder.get("host") != socket.gethostname():
+        return True  # another machine's process: it cannot be checked from here
+    try:
+        os.kill(holder["pid"], 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -51,3 +51,22 @@ def test_resume_of_a_run_whose_latest_checkpoint_is_damaged_offers_the_previous_
         "takes it by itself)")
     assert "Traceback" not in proc.stderr
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before  # nothing created in the run folder
+
+
+def test_resume_of_a_run_that_is_still_running_is_refused(tmp_path, recipe_cli):
+    import json
+    import os
+    import socket
+
+    from tests.recipes.test_checkpoints import _checkpoint, _run_folder
+
+    run = _run_folder(tmp_path)
+    _checkpoint(run, 2)
+    holder = {"pid": os.getpid(), "host": socket.gethostname()}  # this test's process: alive
+    (run / "run.lock").write_text(json.dumps(holder))
+    proc = recipe_cli("grpo", f"run.resume={run}", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"config error: run.resume={run}: {run} is in use by process {os.getpid()} on {holder['host']} "
+        f"({run}/run.lock; it goes when that run ends)")
+    assert not (run / "resume_1").exists() and "Traceback" not in proc.stderr

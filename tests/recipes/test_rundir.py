@@ -72,3 +72,31 @@ def test_a_sweep_gets_a_folder_of_its_own(tmp_path, recipe_cli):
     written = sorted((tmp_path / "runs" / "grpo").glob("*/*/resolved_config.yaml"))
     assert [(p.parent.parent.name.endswith("-1"), p.parent.name) for p in written] == [(True, "0"), (True, "1")]
     assert (written[0].parent.parent / "sweep_results.json").is_file()
+
+
+def test_a_run_folder_is_locked_while_its_run_lives_and_a_dead_runs_lock_is_taken_over(tmp_path):
+    import json
+    import socket
+
+    import pytest
+
+    from recipes.errors import ConfigError
+    from recipes.rundir import LOCK, lock, unlock
+
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / LOCK).write_text(json.dumps({"pid": live.pid, "host": socket.gethostname()}))
+        with pytest.raises(ConfigError, match=rf"run.resume=x: {tmp_path} is in use by process {live.pid} on "):
+            lock(tmp_path, "run.resume=x")
+    finally:
+        live.kill()
+        live.wait()
+    held = lock(tmp_path, "run.resume=x")  # its process is gone: taken over
+    assert json.loads(held.read_text())["pid"] != live.pid
+    unlock(held)
+    assert not held.exists()
+    (tmp_path / LOCK).write_text(json.dumps({"pid": live.pid, "host": "another-host"}))
+    with pytest.raises(ConfigError, match="in use by process"):  # another machine's: cannot be checked, kept
+        lock(tmp_path, "run.resume=x")
+    unlock(tmp_path / LOCK)  # not ours: stays
+    assert (tmp_path / LOCK).exists()
