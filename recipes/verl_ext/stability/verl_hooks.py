@@ -8,7 +8,8 @@
 2. wraps, in ``verl.workers.engine_workers`` (pinned to verl 0.9.1, loud on another version):
 
    - ``tensordict_utils.make_iterator``: takes this pack's keys off the update batch (guard threshold, loss-side
-     KL coefficient, a test's fault) and, when a threshold came with it, lets :class:`~.guard.KLGuard` end the mini-batch loop;
+     KL coefficient, a test's fault) and, when a threshold came with it, lets :class:`~.guard.KLGuard` end the
+     mini-batch loop;
    - ``TrainingWorker.train_batch``: applies the step's KL coefficient to the loss function, reports each update's
      ``actor/ppo_kl`` to the guard, and agrees on the stop across ranks; in a fault-injection test
      (``stability.inject.oom_at_step`` / ``nan_weights_at_step``) raises torch's OutOfMemoryError where a real one is
