@@ -352,7 +352,9 @@ def fsdp_shards_from_state_dict(state_dict: Mapping[str, torch.Tensor], spec: Mo
         mesh = value.device_mesh
         if id(mesh) not in meshes:
             if mesh.ndim != 1 or mesh.mesh.tolist() != list(range(mesh.size())):
-                raise ValueError(f"{tensor.name}: FSDP mesh {mesh.mesh.tolist()} is not one dimension over ranks 0..N-1")
+                raise ValueError(
+                    f"{tensor.name}: FSDP mesh {mesh.mesh.tolist()} is not one dimension over ranks 0..N-1"
+                )
             meshes[id(mesh)] = mesh.get_local_rank(), mesh.size()
         rank, world = meshes[id(mesh)]
         box = fsdp_box(tensor, world, rank)

@@ -21,7 +21,8 @@ REWARD_KEYS = ("critic/score/mean", "critic/rewards/mean")
 MEMORY_KEYS = ("actor/perf/max_memory_allocated_gb", "actor/perf/max_memory_reserved_gb",
                "critic/perf/max_memory_allocated_gb", "critic/perf/max_memory_reserved_gb",
                "perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb")
-KEEP_PREFIXES = ("timing_s/", "perf/", "actor/perf/", "critic/perf/", "kl_control/", "guard/", "critic/score/", "critic/rewards/", "actor/kl_loss",
+KEEP_PREFIXES = ("timing_s/", "perf/", "actor/perf/", "critic/perf/", "kl_control/", "guard/", "critic/score/",
+                 "critic/rewards/", "actor/kl_loss",
                  "actor/ppo_kl", "actor/entropy", "actor/grad_norm", "actor/pg_loss", "critic/vf_loss",
                  "training/rollout_probs_diff_mean", "response_length/mean", "actor/reward_kl_penalty")
 

@@ -17,7 +17,8 @@ CASES = [
     ("veomni", "tp1", []), ("veomni", "tp2", ["layout.train.cp=2"]),
 ]
 # rollout tp/pp/ep and trainer nnodes/gpus, plus each engine's own: FSDP's three Ulysses sizes, Megatron's
-# tp/pp/cp/ep/etp for actor, ref and critic (FSDP: the deprecated and the fsdp_config spelling), VeOmni's Ulysses and expert sizes for actor and ref
+# tp/pp/cp/ep/etp for actor, ref and critic (FSDP: the deprecated and the fsdp_config spelling), VeOmni's Ulysses
+# and expert sizes for actor and ref
 KEYS_PER_STRATEGY = {"fsdp2": 11, "fsdp": 11, "megatron": 20, "veomni": 9}
 
 

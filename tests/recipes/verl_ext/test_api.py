@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
-import sys
 import functools
+import importlib.util
 import itertools
+import sys
 import warnings
 
 import pytest
