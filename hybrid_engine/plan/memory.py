@@ -382,7 +382,7 @@ def utilization_bounds(*, gpu: int, min_headroom: int, beside_engine: int, engin
     the free memory is below its share: the wake-up OOM of colocated runs."""
     if host_rollout:
         return {"configured": configured, "max": None, "min": None, "ok": True,
-                "why": "the rollout runs outside the GPU (HF transformers on the host): nothing reserved"}
+                "why": "HF transformers generates on the host"}
     most = math.floor((gpu - min_headroom - beside_engine) / gpu * 100) / 100
     least = math.ceil(engine_floor / gpu * 100) / 100
     return {

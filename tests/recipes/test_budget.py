@@ -130,4 +130,4 @@ def test_the_hf_rollout_reserves_nothing_on_the_gpu():
     rollout = json.loads(done.stdout)["memory"]["rollout"]
     assert rollout["reserved"] == 0 and rollout["gpu_memory_utilization"]["max"] is None
     table = _cli(*H200, "rollout=hf", "action=plan").stdout
-    assert "  rollout  hf: nothing reserved on the GPU (the rollout runs outside the GPU" in table
+    assert "  rollout  hf: nothing reserved on the GPU (HF transformers generates on the host" in table
