@@ -90,6 +90,7 @@ def lock(folder: str | os.PathLike, key: str) -> Path:
     """Create ``<folder>/run.lock`` for this process, exclusively; ConfigError naming ``key`` while another live
     process holds it. A lock left by a process that is gone (killed, its machine rebooted) is taken over."""
     path = Path(folder) / LOCK
+    path.parent.mkdir(parents=True, exist_ok=True)  # a typed hydra.run.dir need not exist yet
     for _ in range(3):
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)

@@ -100,3 +100,12 @@ def test_a_run_folder_is_locked_while_its_run_lives_and_a_dead_runs_lock_is_take
         lock(tmp_path, "run.resume=x")
     unlock(tmp_path / LOCK)  # not ours: stays
     assert (tmp_path / LOCK).exists()
+
+
+def test_a_typed_run_folder_that_does_not_exist_yet_is_made_and_locked(tmp_path, recipe_cli):
+    folder = tmp_path / "not" / "yet" / "there"
+    proc = recipe_cli("grpo", "action=validate", f"hydra.run.dir={folder}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert (folder / "resolved_config.yaml").is_file()
+    assert not (folder / "run.lock").exists()  # released when the run ended
