@@ -82,7 +82,13 @@ def resume(first: Path, resumed: Path, save: int) -> dict:
         saved_coef = saved.get(resumed_first[0].removeprefix("kl_control/"))
     out["resumed_first_coef"] = resumed_first[1] if resumed_first else None
     out["saved_coef"] = saved_coef
-    out["kl_state_read_back"] = saved_coef is not None and resumed_first is not None and saved_coef == resumed_first[1]
+    # every coefficient the controller logs (GRPO's loss_coef, KL-PPO's in-reward reward_coef) comes out of the
+    # restored state at the first resumed step exactly as the first run's did there
+    first_a, first_b = a.get(save + 1, {}), b.get(save + 1, {})
+    out["first_resumed_step_equal"] = {key: first_a[key] == first_b[key] for key in COEFS
+                                       if key in first_a and key in first_b}
+    out["kl_state_read_back"] = (saved_coef is not None and resumed_first is not None
+                                 and saved_coef == resumed_first[1] and all(out["first_resumed_step_equal"].values()))
     pairs = [(coefficient(a[s]), coefficient(b[s])) for s in sorted(set(a) & set(b))]
     diffs = [abs(x[1] - y[1]) for x, y in pairs if x and y]
     out["coef_steps_compared"] = len(diffs)

@@ -45,6 +45,7 @@ def test_a_resume_that_holds_and_the_reward_margin(tmp_path):
     resume, learning = result["resume"], result["learning"]
     assert resume["numbering_ok"] and resume["kl_state_read_back"]
     assert resume["resumed_first_coef"] == resume["saved_coef"] == 0.02048
+    assert resume["first_resumed_step_equal"] and all(resume["first_resumed_step_equal"].values())
     assert resume["coef_max_abs_diff"] == 0.0 and resume["coef_steps_compared"] == 4
     assert resume["final_kl_state_equal"] == {"step": True, "loss_coef": True, "reward_coef": True}
     # first 2 steps 0.11, last 2 steps 0.22; consecutive differences .02 -.01 .02 .07 .02 -.01 .02
