@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import shutil
 from pathlib import Path
 
 
@@ -62,8 +63,32 @@ _NO_SPACE = re.compile(r"\[Errno 28\] No space left on device: '([^']+)'")
 _OURS = re.compile(r"could not write \S+: no space left on device \([^)]*\)")
 
 
-def disk_full_line(error: BaseException) -> str | None:
-    """One line naming the path when ``error`` (or its cause, or its text: a Ray worker's error) is a full disk."""
+# torch.save's writer fails without an errno ("unexpected pos 576 vs 534", "file write failed")
+_TORCH_WRITER = re.compile(r"inline_container\.cc|PytorchStreamWriter")
+FULL_BELOW = 64 * 2**20  # free bytes under which a failed checkpoint write is taken for a full disk
+
+
+def disk_full_line(error: BaseException, checkpoints: str | os.PathLike | None = None) -> str | None:
+    """One line naming the path when ``error`` (or its cause, or its text: a Ray worker's error) is a full disk;
+    with ``checkpoints``, also torch's errno-less writer failure while that folder's disk is (nearly) full."""
+    line = _enospc_line(error)
+    if line is None and checkpoints is not None and _TORCH_WRITER.search(str(error)):
+        line = _full_checkpoint_disk(Path(checkpoints))
+    return line
+
+
+def _full_checkpoint_disk(checkpoints: Path) -> str | None:
+    where = checkpoints
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    if free >= FULL_BELOW:
+        return None
+    return (f"could not write a checkpoint under {checkpoints}: no space left on device ({free:,} bytes free there; "
+            "the partial checkpoint is ignored on resume; free space, then resume the run)")
+
+
+def _enospc_line(error: BaseException) -> str | None:
     seen = error
     while seen is not None:
         if isinstance(seen, WriteFailed) and seen.errno == errno.ENOSPC:

@@ -79,7 +79,7 @@ def train_and_summarize(final: FinalRun) -> None:
             print(line, file=sys.stderr)
         sys.exit(EXIT_CODE)
     except Exception as error:
-        full = disk_full_line(error)
+        full = disk_full_line(error, checkpoints=Path(str(cfg.trainer.default_local_dir)))
         if full:  # one line naming the path; every complete checkpoint stays
             print(full, file=sys.stderr)
             sys.exit(1)

@@ -6,6 +6,7 @@ import errno
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -153,3 +154,26 @@ def test_metrics_after_the_checkpoint_move_aside_and_the_tee_appends(tmp_path):
     tee.pump()
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [(r["step"], r.get("resume")) for r in rows] == [(1, None), (2, None), (3, 1), (4, 1)]
+
+
+def test_torchs_errno_less_checkpoint_write_failure_on_a_full_disk_is_one_line(tmp_path, monkeypatch):
+    """torch.save on a full disk says neither ENOSPC nor the path ("[enforce fail at inline_container.cc:672] .
+    unexpected pos 576 vs 534", seen on a 64 KiB tmpfs); the pack looks at the checkpoint folder's free space."""
+    checkpoints = tmp_path / "checkpoints"  # not made yet: its nearest existing parent's disk is asked
+    worker_text = ("ray.exceptions.RayTaskError(RuntimeError): ray::WorkerDict.actor_rollout_ref_save_checkpoint()\n"
+                   "RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
+    seen = []
+
+    def usage(path):
+        seen.append(path)
+        return SimpleNamespace(total=10**9, used=10**9 - 4096, free=4096)
+
+    monkeypatch.setattr(records.shutil, "disk_usage", usage)
+    line = disk_full_line(RuntimeError(worker_text), checkpoints=checkpoints)
+    assert line == (f"could not write a checkpoint under {checkpoints}: no space left on device (4,096 bytes free "
+                    "there; the partial checkpoint is ignored on resume; free space, then resume the run)")
+    assert seen == [tmp_path]
+    monkeypatch.setattr(records.shutil, "disk_usage",
+                        lambda path: SimpleNamespace(total=10**12, used=0, free=10**12))
+    assert disk_full_line(RuntimeError(worker_text), checkpoints=checkpoints) is None  # not a full disk: verl's error
+    assert disk_full_line(RuntimeError(worker_text)) is None  # no folder to look at
