@@ -46,7 +46,14 @@ from hybrid_engine.model_spec import ModelSpec
 from hybrid_engine.plan.bytes import expert_counts, fsdp_chunk, stage_bounds, stage_tables
 from hybrid_engine.plan.settings import GIB, ClusterSpec, PlanSettings, dtype_bytes
 
-__all__ = ["HOST_ROLLOUTS", "estimate_memory", "fsdp_pass_bytes", "kv_bytes_per_token", "utilization_bounds"]
+__all__ = [
+    "HOST_ROLLOUTS",
+    "estimate_memory",
+    "fsdp_pass_bytes",
+    "kv_bytes_per_token",
+    "micro_batch_tokens",
+    "utilization_bounds",
+]
 
 HOST_ROLLOUTS = ("hf",)
 """Rollout engines that hold nothing on the GPU: the pack's HF-transformers server keeps its model in host memory."""
@@ -148,7 +155,7 @@ def _layer_bytes_per_token(arch, compute: int, seq: int, flash_attention: bool) 
     return norms + attention + compute * 4 * inter + scores
 
 
-def _micro_batch_tokens(settings: PlanSettings) -> tuple[int, int]:
+def micro_batch_tokens(settings: PlanSettings) -> tuple[int, int]:
     """Tokens of the largest update and log-prob micro-batch per GPU (padded for fixed micro-batches).
 
     Dynamic: verl forms ceil(tokens / budget) micro-batches and balances them (``rearrange_micro_batches``), so the
@@ -210,7 +217,7 @@ def fsdp_pass_bytes(spec: ModelSpec, settings: PlanSettings, tokens: int, real_t
 
 
 def _activations(spec: ModelSpec, groups: HybridGroups, settings: PlanSettings, fsdp: bool) -> dict[str, int]:
-    tokens, log_prob_tokens = _micro_batch_tokens(settings)
+    tokens, log_prob_tokens = micro_batch_tokens(settings)
     if fsdp:
         update = fsdp_pass_bytes(spec, settings, tokens)
         log_prob = fsdp_pass_bytes(spec, settings, log_prob_tokens)

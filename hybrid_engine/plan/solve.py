@@ -32,7 +32,7 @@ from hybrid_engine.groups import HybridGroups, hybrid_groups
 from hybrid_engine.layout import FSDP_ORDER, InferLayout, LayoutError, TrainLayout
 from hybrid_engine.model_spec import ModelArch, ModelSpec, build_spec
 from hybrid_engine.plan.bytes import compute_bytes, generation_shard_peak
-from hybrid_engine.plan.memory import estimate_memory, kv_bytes_per_token
+from hybrid_engine.plan.memory import estimate_memory, kv_bytes_per_token, micro_batch_tokens
 from hybrid_engine.plan.settings import FSDP_FAMILY, GIB, ClusterSpec, PlanSettings, dtype_bytes
 from hybrid_engine.plan.step_time import GpuFigures, StepTime, Workload, gpu_figures, step_time
 
@@ -226,19 +226,8 @@ class _Layout:
 
 
 def _micro_tokens(settings: PlanSettings) -> dict:
-    """Tokens of the largest update and log-prob micro-batch per GPU, as the memory model counts them (a dynamic
-    budget never holds more than the GPU's sequences, where the settings know them)."""
-    seq = settings.sequence_length
-    if not settings.use_dynamic_bsz:
-        update = settings.ppo_micro_batch_size_per_gpu * seq
-        log_prob = (settings.log_prob_micro_batch_size_per_gpu or settings.ppo_micro_batch_size_per_gpu) * seq
-    else:
-        update = settings.ppo_max_token_len_per_gpu
-        log_prob = settings.log_prob_max_token_len_per_gpu or settings.ppo_max_token_len_per_gpu
-        if settings.mini_batch_sequences_per_gpu:
-            update = min(update, settings.mini_batch_sequences_per_gpu * seq)
-        if settings.rollout_sequences_per_gpu:
-            log_prob = min(log_prob, settings.rollout_sequences_per_gpu * seq)
+    """Tokens of the largest update and log-prob micro-batch per GPU, as the memory model counts them."""
+    update, log_prob = micro_batch_tokens(settings)
     return {"tokens_per_micro_batch": update, "log_prob_tokens": log_prob}
 
 
