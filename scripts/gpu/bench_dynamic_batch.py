@@ -76,6 +76,21 @@ class _ChunkedLogProbs(torch.autograd.Function):
         return flat, None
 
 
+def update_keys(actor_cfg, mini: int) -> dict:
+    """The non-tensor keys verl's trainer sends with ``update_actor`` (one mini-batch of ``mini`` sequences)."""
+    return dict(
+        calculate_entropy=False,
+        distillation_use_topk=False,
+        distillation_only=False,
+        global_batch_size=mini,
+        mini_batch_size=mini,
+        epochs=int(actor_cfg.actor.ppo_epochs),
+        seed=int(actor_cfg.actor.data_loader_seed or 0),
+        dataloader_kwargs={"shuffle": bool(actor_cfg.actor.shuffle)},
+        compute_loss=True,
+    )
+
+
 def chunked_logprobs(logits: torch.Tensor, labels: torch.Tensor, inplace_backward: bool = True) -> torch.Tensor:
     """What flash-attn's fused Triton cross-entropy (``verl.utils.torch_functional.logprobs_from_logits_flash_attn``)
     computes, with its memory behaviour (``_ChunkedLogProbs``). Without flash-attn, verl falls back to
@@ -279,18 +294,7 @@ def run_arm(arm: str, model_dir: Path, device: torch.device, args: argparse.Name
     def update_pass():
         td, *_ = batch()
         mini = args.mini_batch or args.batch
-        tu.assign_non_tensor(
-            td,
-            calculate_entropy=False,
-            distillation_use_topk=False,
-            distillation_only=False,
-            global_batch_size=mini,
-            mini_batch_size=mini,
-            epochs=int(actor_cfg.actor.ppo_epochs),
-            seed=int(actor_cfg.actor.data_loader_seed or 0),
-            dataloader_kwargs={"shuffle": bool(actor_cfg.actor.shuffle)},
-            compute_loss=True,
-        )
+        tu.assign_non_tensor(td, **update_keys(actor_cfg, mini))
         sync(device)
         tic = time.perf_counter()
         out = worker.update_actor(td)

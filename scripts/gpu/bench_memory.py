@@ -138,18 +138,7 @@ def run_row(name: str, extra: list[str], model_dir: Path, device, args, log: Mic
     def update():
         td, *_ = fresh_batch()
         mini = args.mini_batch or args.batch
-        tu.assign_non_tensor(
-            td,
-            calculate_entropy=False,
-            distillation_use_topk=False,
-            distillation_only=False,
-            global_batch_size=mini,
-            mini_batch_size=mini,
-            epochs=int(actor_cfg.actor.ppo_epochs),
-            seed=int(actor_cfg.actor.data_loader_seed or 0),
-            dataloader_kwargs={"shuffle": bool(actor_cfg.actor.shuffle)},
-            compute_loss=True,
-        )
+        tu.assign_non_tensor(td, **bdb.update_keys(actor_cfg, mini))
         sync(device)
         tic = time.perf_counter()
         worker.update_actor(td)
