@@ -32,7 +32,6 @@ class EarlyStart:
     def __init__(self, runner_class, config) -> None:
         self.runner_class = runner_class
         self.config = config
-        self.thread: threading.Thread | None = None
         self.started: list = []  # handles of what the thread started: held for the run (Ray ends unheld actors)
 
     def options(self, **options):
@@ -40,9 +39,7 @@ class EarlyStart:
         return EarlyStart(self.runner_class.options(**options), self.config)
 
     def remote(self, *args, **kwargs):
-        self.thread = threading.Thread(target=start_early, args=(self.config, self.started), name="early-start",
-                                       daemon=True)
-        self.thread.start()
+        threading.Thread(target=start_early, args=(self.config, self.started), name="early-start", daemon=True).start()
         return self.runner_class.remote(*args, **kwargs)
 
 

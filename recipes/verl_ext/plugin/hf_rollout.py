@@ -305,29 +305,20 @@ class HFServer:
 class HFReplica(RolloutReplica):
     """One :class:`HFServer` per replica (``rollout.tensor_model_parallel_size`` workers, usually 1)."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.server_class = ray.remote(HFServer)
-
     async def launch_servers(self) -> None:
         name = server_name(self.replica_rank) + self.name_suffix
-        early = started_server(name)
-        if early is not None:  # started by the driver while verl started its workers (recipes/verl_ext/early_start.py)
+        server = started_server(name)
+        if server is not None:  # started by the driver while verl started its workers (recipes/verl_ext/early_start.py)
             print(f"hf rollout: replica {self.replica_rank} takes the server {name} started early", flush=True)
-            self.servers = [early]
-            self._server_handle = early
-            self._server_address = name
-            return
-        if self.workers:
-            node_id = await self.workers[0].__ray_call__.remote(lambda worker: ray.get_runtime_context().get_node_id())
         else:
-            node_id = ray.get_runtime_context().get_node_id()
-        server = self.server_class.options(
-            name=name,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-            max_concurrency=self.max_concurrency,
-            num_cpus=0,
-        ).remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank)
+            if self.workers:
+                node_id = await self.workers[0].__ray_call__.remote(
+                    lambda worker: ray.get_runtime_context().get_node_id()
+                )
+            else:
+                node_id = ray.get_runtime_context().get_node_id()
+            server = start_server(name, node_id, self.max_concurrency, self.config, self.model_config,
+                                  self.replica_rank)
         self.servers = [server]
         self._server_handle = server
         self._server_address = name  # no HTTP endpoint: the load balancer only needs a unique key
@@ -362,16 +353,21 @@ def start_servers(config) -> list:
         * int(rollout.pipeline_model_parallel_size)
     )
     node_id = ray.get_runtime_context().get_node_id()
-    server_class = ray.remote(HFServer)
+    concurrency = max(1000, int(rollout.max_num_seqs) + CONTROL_METHOD_CONCURRENCY)  # RolloutReplica.max_concurrency
     return [
-        server_class.options(
-            name=server_name(rank),
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-            max_concurrency=max(1000, int(rollout.max_num_seqs) + CONTROL_METHOD_CONCURRENCY),  # as RolloutReplica's
-            num_cpus=0,
-        ).remote(config=rollout, model_config=config.actor_rollout_ref.model, replica_rank=rank)
+        start_server(server_name(rank), node_id, concurrency, rollout, config.actor_rollout_ref.model, rank)
         for rank in range(int(config.trainer.n_gpus_per_node) // per_replica)
     ]
+
+
+def start_server(name: str, node_id: str, max_concurrency: int, config, model_config, replica_rank: int):
+    """One :class:`HFServer` actor of that name on that node (no CPU reserved: generation shares the node)."""
+    return ray.remote(HFServer).options(
+        name=name,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+        max_concurrency=max_concurrency,
+        num_cpus=0,
+    ).remote(config=config, model_config=model_config, replica_rank=replica_rank)
 
 
 class HFRolloutAdapter(BaseRollout):
