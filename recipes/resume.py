@@ -61,6 +61,8 @@ def plan_resume(given: str, stability_auto: bool, chosen: str | None = None) -> 
     if chosen:
         step, start = _chosen(key, chosen, found)
     else:
+        step, start, logged = _logged_checkpoint(folder / "metrics.jsonl", found, step, start)
+        notices += logged
         damaged = [(f, why) for f, why in found.rejected if ckpt.step_of(f) > step and (f / ckpt.MARKER).exists()]
         if damaged and not stability_auto:
             bad, why = damaged[-1]
@@ -69,6 +71,33 @@ def plan_resume(given: str, stability_auto: bool, chosen: str | None = None) -> 
                               "takes it by itself)")
     return Resume(folder=folder, record_dir=_reserve_record(folder), checkpoint=start, step=step,
                   notices=tuple(notices))
+
+
+def _logged_checkpoint(metrics: Path, found: ckpt.Scan, step: int, start: Path) -> tuple[int, Path, list[str]]:
+    """The latest complete checkpoint whose step has its row in ``metrics``: a run stopped between verl's save of
+    step N and its log of step N would otherwise resume after N with N's row missing. Unchanged where no earlier
+    complete checkpoint is logged."""
+    last = _last_logged_step(metrics)
+    if last is None or step <= last:
+        return step, start, []
+    logged = [(s, f) for s, f in found.complete if s <= last]
+    if not logged:
+        return step, start, []
+    back, folder = logged[-1]
+    return back, folder, [f"checkpoint {start} has no row in {metrics.name} (the run stopped between its save and its "
+                          f"log): resuming from {folder}, steps {back + 1}-{step} run again"]
+
+
+def _last_logged_step(metrics: Path) -> int | None:
+    if not metrics.is_file():
+        return None
+    steps = []
+    for line in metrics.read_text().splitlines():
+        try:
+            steps.append(int(json.loads(line)["step"]))
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut by a crash: not a row
+    return max(steps, default=None)
 
 
 def _chosen(key: str, chosen: str, found: ckpt.Scan) -> tuple[int, Path]:

@@ -177,3 +177,16 @@ def test_torchs_errno_less_checkpoint_write_failure_on_a_full_disk_is_one_line(t
                         lambda path: SimpleNamespace(total=10**12, used=0, free=10**12))
     assert disk_full_line(RuntimeError(worker_text), checkpoints=checkpoints) is None  # not a full disk: verl's error
     assert disk_full_line(RuntimeError(worker_text)) is None  # no folder to look at
+
+
+def test_a_checkpoint_whose_step_was_never_logged_resumes_from_the_one_before(tmp_path):
+    """Stopped between verl's save of step 4 and its log of step 4: resuming after 4 would leave row 4 missing."""
+    run = _run_folder(tmp_path)
+    good2, good4 = _checkpoint(run, 2), _checkpoint(run, 4)
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "data": {}}) + "\n" for s in (1, 2, 3)))
+    plan = plan_resume(str(run), stability_auto=False)
+    assert (plan.step, plan.checkpoint) == (2, good2)
+    assert plan.notices == (f"checkpoint {good4} has no row in metrics.jsonl (the run stopped between its save and "
+                            f"its log): resuming from {good2}, steps 3-4 run again",)
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "data": {}}) + "\n" for s in (1, 2, 3, 4)))
+    assert plan_resume(str(run), stability_auto=False).checkpoint == good4  # logged: taken as before
