@@ -32,11 +32,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.slow]
 
 
 def _ray_workers(root_pid: int, title: str) -> list[psutil.Process]:
-    """The processes named ``title`` (Ray sets ``ray::<actor class>``) below ``root_pid``: this run's only."""
+    """The processes named ``title`` (Ray sets ``ray::<actor class>``, and ``ray::<actor class>.<method>`` while a
+    method runs) below ``root_pid``: this run's only."""
     found = []
     for child in psutil.Process(root_pid).children(recursive=True):
         try:
-            if child.cmdline()[:1] == [title]:
+            name = (child.cmdline() or [""])[0]
+            if name == title or name.startswith(f"{title}."):
                 found.append(child)
         except psutil.Error:
             continue
