@@ -14,7 +14,7 @@ model path pointing at a folder of random weights of the shipped architecture.
 
 One substitution, said in the output: attention. verl's remove-padding path needs flash-attn's varlen kernel, which
 is not installed on the benchmark machine; both arms run ``attn_implementation="pack_varlen"``
-(``scripts/gpu/varlen_attention.py``: PyTorch's own FlashAttention-2 varlen kernel; padded input is unpadded inside
+(``recipes/verl_ext/plugin/varlen_attention.py``: PyTorch's own FlashAttention-2 varlen kernel; padded input is unpadded inside
 attention, as transformers' flash_attention_2 does). So attention costs the same in both arms and the difference is
 what padding costs the linear layers and the logits, and the micro-batch count.
 
@@ -384,7 +384,7 @@ def prepare_process(args: argparse.Namespace) -> torch.device:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(free_port()))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import varlen_attention
+    from recipes.verl_ext.plugin import varlen_attention
 
     kernel = varlen_attention.register()
     if device.type != "cuda":
