@@ -25,7 +25,8 @@ FSDP passes (``fsdp_pass_bytes``, measured on an H200: README, memory accuracy):
 Megatron (not measured yet): Korthikanti et al. 2022, 2-byte activations divided by tp, p micro-batches in flight
   on the first stage, fp32 logits twice in training divided by tp.
 Rollout engine (vLLM/SGLang colocated): it takes gpu_memory_utilization of the GPU for its weights (the generation
-  shard in ``dtype``) and KV cache (the pack's hf rollout holds nothing on the GPU); KV bytes per token per GPU =
+  shard in ``dtype``) and KV cache (the pack's hf rollout instead keeps the whole model in fp32 on its replica's
+  first GPU, awake in every phase, and frees generate's cache after each batch); KV bytes per token per GPU =
   layers of the generation stage * 2 * kv heads per TP rank (at least 1) * head_dim * dtype (MLA: (kv_lora_rank +
   qk_rope_head_dim) * dtype per layer, replicated).
   With free_cache_engine the engine sleeps during training (KV freed, weights offloaded), otherwise it stays.
@@ -56,9 +57,12 @@ __all__ = [
 ]
 
 HOST_ROLLOUTS = ("hf",)
-"""Rollout engines that hold nothing on the GPU: the pack's HF-transformers server keeps its model in host memory."""
+"""Rollout engines without a reservation: the pack's HF-transformers server holds the whole model in fp32 on its
+replica's first GPU (no share of the GPU to configure, nothing to sleep) and frees generate's cache after a batch."""
 HOST_KV_TOKENS = 2**62
-"""KV capacity reported for a host rollout: its cache grows in host memory, not in a GPU reservation."""
+"""KV capacity reported for a host rollout: its cache is allocated per batch, not from a reservation."""
+HOST_WEIGHT_BYTES = 4
+"""Bytes per weight a host rollout keeps on the GPU: fp32, as the actor's weight stream hands them over."""
 
 
 def _fsdp_shard_elems(spec: ModelSpec, world: int) -> int:
@@ -284,7 +288,12 @@ def estimate_memory(
     ref_params = actor["param_elems"] * compute if settings.has_ref else 0
 
     host_rollout = settings.rollout_engine in HOST_ROLLOUTS
-    reserved = 0 if host_rollout else int(settings.gpu_memory_utilization * gpu)
+    if host_rollout:
+        generation_weight_bytes = _fsdp_shard_elems(spec, 1) * HOST_WEIGHT_BYTES  # the whole model, unsharded
+        reserved = generation_weight_bytes
+    else:
+        reserved = int(settings.gpu_memory_utilization * gpu)
+    sleeps = settings.free_cache_engine and not host_rollout  # the hf server never sleeps
     kv_cache = reserved - generation_weight_bytes
     per_token = kv_bytes_per_token(spec, groups.t_g, groups.p_g, compute)
     if host_rollout:
@@ -314,7 +323,7 @@ def estimate_memory(
         + max(backward, actor["optimizer_step"])  # the pass's peak, or AdamW's step after it
         + resident(critic)
         + ref_resident
-        + (0 if settings.free_cache_engine else reserved)
+        + (0 if sleeps else reserved)
     )
     log_prob = (
         resident(actor)
@@ -324,7 +333,7 @@ def estimate_memory(
         + acts["log_prob_logits"]
         + resident(critic)
         + ref_resident
-        + (0 if settings.free_cache_engine else reserved)
+        + (0 if sleeps else reserved)
     )
     phases = {"generation": generation, "training": training, "log_prob": log_prob}
     peak_phase = max(phases, key=phases.get)
@@ -332,7 +341,7 @@ def estimate_memory(
     headroom = gpu - peak
     min_headroom = int(settings.min_headroom_gib * GIB)
     # what the GPU holds beside the engine while the engine is awake (a sleeping engine wakes for generation only)
-    awake_phases = ("generation",) if settings.free_cache_engine else tuple(phases)
+    awake_phases = ("generation",) if sleeps else tuple(phases)
     beside_engine = max(phases[name] - reserved for name in awake_phases)
     share = utilization_bounds(
         gpu=gpu,
@@ -367,7 +376,7 @@ def estimate_memory(
             "kv_bytes_per_token": per_token,
             "kv_cache_tokens": kv_tokens,
             "sequences_in_cache": kv_tokens // settings.sequence_length,
-            "sleeps_during_training": settings.free_cache_engine,
+            "sleeps_during_training": sleeps,
             "gpu_memory_utilization": share,
         },
         "phases": phases,
@@ -389,7 +398,7 @@ def utilization_bounds(*, gpu: int, min_headroom: int, beside_engine: int, engin
     the free memory is below its share: the wake-up OOM of colocated runs."""
     if host_rollout:
         return {"configured": configured, "max": None, "min": None, "ok": True,
-                "why": "HF transformers generates on the host"}
+                "why": "HF transformers: the whole model in fp32 on the replica's first GPU, no reservation"}
     most = math.floor((gpu - min_headroom - beside_engine) / gpu * 100) / 100
     least = math.ceil(engine_floor / gpu * 100) / 100
     return {

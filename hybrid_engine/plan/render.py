@@ -162,7 +162,8 @@ def render_table(plan: Plan) -> str:
         r = m["rollout"]
         share = r.get("gpu_memory_utilization") or {}
         if share.get("max") is None:
-            lines.append(f"  rollout  {r.get('engine', 'hf')}: nothing reserved on the GPU ({share.get('why', '')})")
+            lines.append(f"  rollout  {r.get('engine', 'hf')}: weights {gib_text(r['weights'])}, nothing reserved"
+                         f" ({share.get('why', '')})")
         else:
             lines.append(
                 f"  rollout  reserved {gib_text(r['reserved'])}: weights {gib_text(r['weights'])}"

@@ -125,9 +125,16 @@ def test_an_awake_engine_counts_the_training_peak():
     assert share["beside_engine_bytes"] == beside
 
 
-def test_the_hf_rollout_reserves_nothing_on_the_gpu():
-    done = _cli(*H200, "rollout=hf", "action=plan", "plan.format=json")
-    rollout = json.loads(done.stdout)["memory"]["rollout"]
-    assert rollout["reserved"] == 0 and rollout["gpu_memory_utilization"]["max"] is None
+def test_the_hf_rollout_holds_its_fp32_model_on_the_gpu_and_reserves_nothing_more():
+    typed = ("batching.actor_factor=8", "batching.logprob_factor=8")  # the auto budget would size around the model
+    done = _cli(*H200, *typed, "rollout=hf", "action=plan", "plan.format=json")
+    memory = json.loads(done.stdout)["memory"]
+    rollout = memory["rollout"]
+    # Qwen2.5-0.5B: 494,032,768 parameters (its model card; embeddings tied, counted once), 4 bytes each
+    assert rollout["weights"] == rollout["reserved"] == 494_032_768 * 4
+    assert rollout["kv_cache"] == 0 and rollout["gpu_memory_utilization"]["max"] is None
+    assert rollout["sleeps_during_training"] is False  # the server keeps its model in every phase
+    without = json.loads(_cli(*H200, *typed, "action=plan", "plan.format=json").stdout)["memory"]
+    assert memory["phases"]["training"] - without["phases"]["training"] == rollout["reserved"]  # vLLM sleeps
     table = _cli(*H200, "rollout=hf", "action=plan").stdout
-    assert "  rollout  hf: nothing reserved on the GPU (HF transformers generates on the host" in table
+    assert "  rollout  hf: weights 1.84 GiB, nothing reserved (HF transformers: the whole model in fp32" in table

@@ -7,7 +7,10 @@ with plain ``transformers`` so verl's real trainer runs where vLLM/SGLang cannot
 
 - :class:`HFServer`: a Ray actor holding an HF model. ``generate`` gathers the requests that arrive together into one
   left-padded batch, samples with ``model.generate`` and returns the response tokens, their log-probs (when asked)
-  and ``extra_fields["global_steps"]`` (the weight version). Lifecycle calls (wake_up, sleep, ...) are no-ops.
+  and ``extra_fields["global_steps"]`` (the weight version). Lifecycle calls (wake_up, sleep, ...) are no-ops. The
+  model loads on the host; on a GPU machine it moves, at the first weight hand-off, to the GPU of the worker that
+  feeds it (found by the GPU's UUID, as verl's vLLM server takes its workers' devices), in fp32 as the actor's
+  stream hands it over, so the sync check compares the same bits; generate's cache is freed after each batch.
 - :class:`HFReplica`: verl's ``RolloutReplica`` for ``rollout.name=hf``; one server per replica, on the node of the
   replica's first worker.
 - :class:`HFRolloutAdapter`: the ``BaseRollout`` in each actor worker. ``update_weights`` drains the actor's weight
@@ -114,6 +117,25 @@ class HFServer:
         self._lock = threading.Lock()  # generation threads vs weight loads
         self._pending: list[tuple[list[int], dict, asyncio.Future]] = []
         self._batcher: asyncio.Task | None = None
+        self.device = torch.device("cpu")
+        self._placed = False  # whether a hand-off has named the feeding worker's GPU yet
+
+    # ---- placement --------------------------------------------------------------------------------------------
+
+    def _place(self, device_uuid: str | None) -> None:
+        """Move the model to the GPU of that UUID, once, at the first hand-off that names one; stay on the host
+        where this process cannot see it."""
+        if device_uuid is None or self._placed:
+            return
+        self._placed = True
+        index = cuda_index_of(device_uuid)
+        if index is None:
+            logger.warning("hf rollout: the feeding worker's GPU %s is not visible here; generating on the host",
+                           device_uuid)
+            return
+        with self._lock:
+            self.device = torch.device("cuda", index)
+            self.model.to(self.device)
 
     # ---- generation -------------------------------------------------------------------------------------------
 
@@ -193,6 +215,7 @@ class HFServer:
         for row, prompt in enumerate(prompts):  # left padding
             input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             attention_mask[row, width - len(prompt) :] = 1
+        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         sample = temperature > 0
         # When sampling, every knob is set: one left unset falls back to transformers' defaults (top_k=50), which
         # would truncate sampling while verl's actor scores the full distribution. Greedy decoding uses none of them.
@@ -211,6 +234,8 @@ class HFServer:
             out = self.model.generate(
                 input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config
             )
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()  # generate's cache back to the GPU, for the training side that follows
         responses = out.sequences[:, width:]
         log_probs = None
         if want_logprobs:
@@ -228,10 +253,11 @@ class HFServer:
 
     # ---- weights ----------------------------------------------------------------------------------------------
 
-    async def update_weights(self, state_dict: dict[str, torch.Tensor], global_steps: int | None = None
-                             ) -> dict[str, tuple[int, int, int]]:
+    async def update_weights(self, state_dict: dict[str, torch.Tensor], global_steps: int | None = None,
+                             device_uuid: str | None = None) -> dict[str, tuple[int, int, int]]:
         """Load a full state dict (HF names); returns the checksums of the loaded tensors, read back from the model
-        (hybrid_engine.reshard.checksum), for the sync check."""
+        (hybrid_engine.reshard.checksum), for the sync check. ``device_uuid``: the feeding worker's GPU."""
+        await asyncio.to_thread(self._place, device_uuid)
         await asyncio.to_thread(self._load_state_dict, state_dict)
         self.weight_version += 1
         if global_steps is not None:
@@ -260,14 +286,16 @@ class HFServer:
     def _is_tied(self, name: str) -> bool:
         return name == "lm_head.weight" and bool(getattr(self.model.config, "tie_word_embeddings", False))
 
-    async def set_global_steps(self, global_steps: int) -> None:
+    async def set_global_steps(self, global_steps: int, device_uuid: str | None = None) -> None:
+        await asyncio.to_thread(self._place, device_uuid)
         self.global_steps = global_steps
 
     async def get_state(self) -> dict[str, Any]:
         """For tests and debugging: the weight version and a checksum of the weights."""
         with self._lock:
             checksum = float(sum(p.detach().double().sum() for p in self.model.parameters()))
-        return {"global_steps": self.global_steps, "weight_version": self.weight_version, "checksum": checksum}
+        return {"global_steps": self.global_steps, "weight_version": self.weight_version, "checksum": checksum,
+                "device": str(self.device)}
 
     # ---- lifecycle: nothing to free or restore on the CPU -----------------------------------------------------
 
@@ -325,6 +353,23 @@ class HFReplica(RolloutReplica):
 
     def rollout_worker_use_gpu(self) -> bool:
         return False
+
+
+def cuda_index_of(device_uuid: str) -> int | None:
+    """This process's CUDA index of the GPU with that UUID, or None where it sees no such GPU (or none at all)."""
+    if not torch.cuda.is_available():
+        return None
+    for index in range(torch.cuda.device_count()):
+        if str(torch.cuda.get_device_properties(index).uuid) == device_uuid:
+            return index
+    return None
+
+
+def worker_device_uuid() -> str | None:
+    """The UUID of this worker's current GPU (what the server moves to), or None on a machine without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
 
 
 def started_server(name: str):
@@ -389,6 +434,7 @@ class HFRolloutAdapter(BaseRollout):
         self.bucket_bytes = int(float(bucket_mb) * 2**20) if bucket_mb else None
         self.sync_weights = weight_sync_enabled()
         self._server = None
+        self.device_uuid = worker_device_uuid()  # the server generates on this GPU (None: no CUDA here)
         enable_sharded_export()  # this process's actor engine now exports its FSDP2 state dict beside verl's stream
         if not self.sync_weights and rank == 0:
             logger.warning("%s=0: the hf rollout keeps its initial weights (weight sync is off)", SYNC_WEIGHTS_ENV)
@@ -415,7 +461,7 @@ class HFRolloutAdapter(BaseRollout):
         feeds_server = self.rollout_rank == 0
         if not self.sync_weights:  # every rank skips alike: nothing is gathered, no collective runs
             if feeds_server and global_steps is not None:
-                await self.server.set_global_steps.remote(global_steps)
+                await self.server.set_global_steps.remote(global_steps, self.device_uuid)
             return
         check_started = time.perf_counter()
         train = training_checksums(weights)  # every rank, on device; NaN/Inf stops here, before the stream
@@ -430,7 +476,11 @@ class HFRolloutAdapter(BaseRollout):
         )
         state = hand_off_weights(sync.stream, keep=feeds_server)
         seconds = time.perf_counter() - sync.started
-        generation = await self.server.update_weights.remote(state, global_steps) if state is not None else None
+        generation = (
+            await self.server.update_weights.remote(state, global_steps, self.device_uuid)
+            if state is not None
+            else None
+        )
         mismatch = check_generation_side(sync.record, train, generation, check_seconds)
         sync.finish(tensors=len(state) if state is not None else 0, seconds=seconds)
         if mismatch:

@@ -305,8 +305,9 @@ def _weights():
 def test_adapter_sends_full_weights_and_the_step_from_the_replica_leader(composed, monkeypatch):
     adapter = _adapter(composed, monkeypatch, rank=0)
     asyncio.run(adapter.update_weights(_weights(), global_steps=7, peft_config=None, base_sync_done=True))
-    [(method, (state, steps))] = adapter._server.calls
+    [(method, (state, steps, device_uuid))] = adapter._server.calls
     assert method == "update_weights" and steps == 7 and set(state) == {"w", "v"}
+    assert device_uuid is None  # no CUDA here: the server keeps generating on the host
 
 
 def test_adapter_on_a_non_leader_rank_drains_but_sends_nothing(composed, monkeypatch):
@@ -320,7 +321,7 @@ def test_adapter_on_a_non_leader_rank_drains_but_sends_nothing(composed, monkeyp
 def test_adapter_with_sync_off_only_advances_the_step(composed, monkeypatch):
     adapter = _adapter(composed, monkeypatch, rank=0, sync=False)
     asyncio.run(adapter.update_weights(_weights(), global_steps=4))
-    assert adapter._server.calls == [("set_global_steps", (4,))]
+    assert adapter._server.calls == [("set_global_steps", (4, None))]
     with pytest.raises(NotImplementedError, match="named_tensors"):
         asyncio.run(adapter.update_weights(_weights(), wire_format="delta_flush"))
 
@@ -394,6 +395,20 @@ def test_server_loads_handed_off_weights_and_tags_the_step(server):
     assert out.extra_fields["global_steps"] == 3
     with pytest.raises(RuntimeError, match="does not match the model"):
         asyncio.run(server.update_weights({"nonsense.weight": torch.zeros(1)}))
+
+
+def test_server_told_of_a_gpu_it_cannot_see_stays_on_the_host_and_says_so(composed, caplog):
+    from recipes.verl_ext.plugin.hf_rollout import HFServer
+
+    server = HFServer(composed.actor_rollout_ref.rollout, composed.actor_rollout_ref.model, replica_rank=0)
+    with caplog.at_level("WARNING"):
+        asyncio.run(server.set_global_steps(2, "GPU-00000000-0000-0000-0000-000000000000"))
+        asyncio.run(server.set_global_steps(3, "GPU-00000000-0000-0000-0000-000000000000"))
+    warned = [r.getMessage() for r in caplog.records if "not visible here" in r.getMessage()]
+    assert len(warned) == 1 and "GPU-00000000" in warned[0]  # once: the placement is tried at the first hand-off
+    state = asyncio.run(server.get_state())
+    assert state["device"] == "cpu" and state["global_steps"] == 3
+    assert {p.device.type for p in server.model.parameters()} == {"cpu"}
 
 
 def test_server_lifecycle_calls_are_no_ops(server):
