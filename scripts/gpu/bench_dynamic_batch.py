@@ -14,9 +14,9 @@ model path pointing at a folder of random weights of the shipped architecture.
 
 One substitution, said in the output: attention. verl's remove-padding path needs flash-attn's varlen kernel, which
 is not installed on the benchmark machine; both arms run ``attn_implementation="pack_varlen"``
-(``recipes/verl_ext/plugin/varlen_attention.py``: PyTorch's own FlashAttention-2 varlen kernel; padded input is unpadded inside
-attention, as transformers' flash_attention_2 does). So attention costs the same in both arms and the difference is
-what padding costs the linear layers and the logits, and the micro-batch count.
+(``recipes/verl_ext/plugin/varlen_attention.py``: PyTorch's own FlashAttention-2 varlen kernel; padded input is
+unpadded inside attention, as transformers' flash_attention_2 does). So attention costs the same in both arms and
+the difference is what padding costs the linear layers and the logits, and the micro-batch count.
 
 Per arm: tokens/s of each pass (real tokens, not padding), peak memory (``torch.cuda.max_memory_allocated``) and the
 planner's prediction for the same config (``recipes.plan.plan_settings`` -> ``hybrid_engine.plan.memory``), plus the

@@ -33,15 +33,17 @@ SAVE=${SAVE:-10}
 PARTS=${PARTS:-grpo grpo_resume kl_ppo kl_ppo_resume}
 RUN_TIMEOUT=${RUN_TIMEOUT:-420}
 PY=${PYTHON:-python3}
-# What the 2026-12-01 H200 runs added to the user command (docs/gpu_e2e.md): one agent-loop, reward and data-loader
-# worker each (verl's 8 + 8 each import verl: about a minute of start-up on 16 cores for a model that needs none of
-# them) and, where flash-attn is not installed, padded batches with sdpa attention for the actor and the critic.
+# What the H200 runs add to the user command (docs/gpu_e2e.md): one agent-loop, reward and data-loader worker each
+# (verl's 8 + 8 each import verl: about a minute of start-up on 16 cores for a model that needs none of them).
+# Where flash-attn is not installed the plugin runs the recipes' default remove-padding batches with pack_varlen
+# (recipes/verl_ext/plugin/varlen_attention.py); ATTENTION=sdpa instead adds padded batches with sdpa (the first
+# 2026-12-01 runs, before that fallback existed).
 SMALL_WORKERS="reward.num_workers=1 actor_rollout_ref.rollout.agent.num_workers=1 data.dataloader_num_workers=0"
 SDPA="actor_rollout_ref.model.use_remove_padding=false ++actor_rollout_ref.model.override_config.attn_implementation=sdpa \
 critic.model.use_remove_padding=false ++critic.model.override_config.attn_implementation=sdpa"
 if [ -z "${EXTRA+x}" ]; then
   EXTRA=$SMALL_WORKERS
-  $PY -c "import flash_attn" 2>/dev/null || EXTRA="$EXTRA $SDPA"
+  [ "${ATTENTION:-}" = sdpa ] && EXTRA="$EXTRA $SDPA"
 fi
 read -r -a EXTRA_ARGS <<<"$EXTRA"
 mkdir -p "$WORK/runs" "$WORK/figures"

@@ -21,6 +21,7 @@ SCRIPTS = REPO / "scripts" / "gpu"
 sys.path.insert(0, str(SCRIPTS))
 
 import plan_accuracy  # noqa: E402
+
 from recipes.verl_ext.plugin import varlen_attention  # noqa: E402
 
 

@@ -136,6 +136,7 @@ class HFServer:
         with self._lock:
             self.device = torch.device("cuda", index)
             self.model.to(self.device)
+        print(f"hf rollout: server {self.replica_rank} generates on {self.device} ({device_uuid})", flush=True)
 
     # ---- generation -------------------------------------------------------------------------------------------
 

@@ -13,8 +13,14 @@ what                                        why
                                             pinning needs an accelerator, so on the CPU it is built unpinned.
 ``load_valuehead_model``                    the critic's value model is loaded with a hard-coded
                                             ``attn_implementation="flash_attention_2"``; on the CPU, and on a GPU
-                                            machine without the flash-attn package, it uses sdpa (verl's own
+                                            machine without the flash-attn package, it takes the attention of its
+                                            model config (sdpa where flash_attention_2 is named) (verl's own
                                             fallback then asks for trl and fails: seen on an H200, 2026-12-01).
+``HFModelConfig.__post_init__``             on a GPU machine without flash-attn, a model config that names no
+                                            attention gets ``pack_varlen`` (``varlen_attention``: PyTorch's own
+                                            varlen kernel) instead of verl's default ``flash_attention_2``, which
+                                            transformers refuses there: the recipes' default remove-padding batches
+                                            then run as they would with flash-attn.
 ``initialize_global_process_group_ray``     verl asks torch for ``"cpu:gloo,<device>:<backend>"``, which is
                                             ``"cpu:gloo,cpu:gloo"`` on the CPU: torch rejects the duplicate.
 ``FSDPEngine.get_per_tensor_param``         in a process hosting the ``hf`` rollout, the export also carries the
@@ -205,12 +211,16 @@ def _sdpa_value_model(model_utils) -> None:
         # lazy: half a second in every process that imports verl; only the critic's model load needs it
         from transformers import AutoModelForTokenClassification
 
-        # verl's first choice (a token-classification head with one label), with sdpa instead of flash-attention.
+        # verl's first choice (a token-classification head with one label), with the config's attention (set from
+        # override_config by verl's model config; pack_varlen on a GPU without flash-attn), sdpa for flash-attention.
+        attention = getattr(model_config, "_attn_implementation", None)
+        if attention in (None, "flash_attention_2"):
+            attention = "sdpa"
         return AutoModelForTokenClassification.from_pretrained(
             pretrained_model_name_or_path=local_path,
             torch_dtype=torch_dtype,
             config=model_config,
-            attn_implementation="sdpa",
+            attn_implementation=attention,
             trust_remote_code=trust_remote_code,
         )
 
@@ -273,12 +283,35 @@ def flash_attn_installed() -> bool:
     return importlib.util.find_spec("flash_attn") is not None
 
 
+def _varlen_default_attention(model_config) -> None:
+    require_supported_verl()
+    config_cls = model_config.HFModelConfig
+    original = config_cls.__post_init__
+    if getattr(original, "_hybrid_engine_varlen", False):
+        return
+
+    @functools.wraps(original)
+    def __post_init__(self):
+        # lazy: transformers' attention registry; only a process that builds a model config needs it
+        from recipes.verl_ext.plugin import varlen_attention
+
+        varlen_attention.register()
+        if "attn_implementation" not in self.override_config:  # what verl would read as flash_attention_2
+            self.override_config["attn_implementation"] = varlen_attention.NAME  # in place: the field is frozen
+        original(self)
+
+    __post_init__._hybrid_engine_varlen = True
+    config_cls.__post_init__ = __post_init__
+
+
 def apply_flash_attn_fallbacks() -> None:
-    """On an accelerator machine without flash-attn: the critic's value model loads with sdpa, as on the CPU.
-    Where flash-attn is installed nothing changes (verl's own loader keeps ``flash_attention_2``)."""
+    """On an accelerator machine without flash-attn: a model config that names no attention takes ``pack_varlen``
+    (packed and padded batches alike, as flash-attn would run them), and the critic's value model loads with its
+    config's attention. Where flash-attn is installed nothing changes (verl keeps ``flash_attention_2``)."""
     require_supported_verl()
     if flash_attn_installed():
         return
+    when_imported("verl.workers.config.model", _varlen_default_attention)
     when_imported("verl.utils.model", _sdpa_value_model)
 
 

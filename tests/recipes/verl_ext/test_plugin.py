@@ -114,6 +114,8 @@ def test_importing_the_plugin_with_cuda_changes_nothing(tmp_path):
         assert "VERL_PLATFORM" not in os.environ
         assert not hasattr(dist.initialize_global_process_group_ray, "_hybrid_engine_gloo")
         assert not hasattr(model.load_valuehead_model, "_hybrid_engine_sdpa")
+        from verl.workers.config.model import HFModelConfig
+        assert not hasattr(HFModelConfig.__post_init__, "_hybrid_engine_varlen")
         assert "hf" in RolloutReplicaRegistry._registry   # additive: a new backend name, nothing else changes
         print("OK")
         """
@@ -147,6 +149,45 @@ def test_cuda_without_flash_attn_loads_the_critic_with_sdpa(assets, tmp_path):
         assert type(critic).__name__.endswith("ForTokenClassification"), type(critic)
         assert critic.config._attn_implementation == "sdpa", critic.config._attn_implementation
         assert critic.score.out_features == 1
+        print("OK")
+        """
+    )
+    env = _cuda_build_probe(flash_attn=False, tmp_path=tmp_path)
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_cuda_without_flash_attn_runs_remove_padding_batches_with_pack_varlen(assets, tmp_path):
+    """The recipes' default batches (batching=dynamic: use_remove_padding, one packed row per micro-batch) on a GPU
+    machine without flash-attn: verl's model config would name flash_attention_2, which transformers refuses there.
+    The plugin names pack_varlen instead, for the actor and the critic; a packed row of two sequences then gives
+    each sequence's own logits (sdpa over the packed row would let the second attend to the first). A typed
+    attention is kept."""
+    probe = textwrap.dedent(
+        f"""
+        import os, importlib.util, torch
+        torch.version.cuda = "12.4"          # what a CUDA build reports
+        os.environ.pop("VERL_PLATFORM", None)
+        assert importlib.util.find_spec("flash_attn") is None
+        import verl
+        import verl.utils.model as model_utils
+        from verl.workers.config.model import HFModelConfig
+        from transformers import AutoModelForCausalLM
+        path = {str(assets.model_dir)!r}
+        config = HFModelConfig(path=path)
+        assert config.hf_config._attn_implementation == "pack_varlen", config.hf_config._attn_implementation
+        model = AutoModelForCausalLM.from_pretrained(path, config=config.hf_config, dtype=torch.float32).eval()
+        first, second = torch.tensor([[5, 9, 11, 3]]), torch.tensor([[7, 2, 8]])
+        with torch.no_grad():
+            packed = model(input_ids=torch.cat([first, second], 1),
+                           position_ids=torch.tensor([[0, 1, 2, 3, 0, 1, 2]])).logits[0]
+            apart = torch.cat([model(input_ids=first).logits[0], model(input_ids=second).logits[0]])
+        torch.testing.assert_close(packed, apart, atol=1e-5, rtol=0)
+        critic = model_utils.load_valuehead_model(path, torch.float32, HFModelConfig(path=path).hf_config, False)
+        assert critic.config._attn_implementation == "pack_varlen", critic.config._attn_implementation
+        typed = HFModelConfig(path=path, override_config={{"attn_implementation": "sdpa"}})
+        assert typed.hf_config._attn_implementation == "sdpa"
         print("OK")
         """
     )
