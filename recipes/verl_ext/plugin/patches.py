@@ -216,6 +216,8 @@ def _sdpa_value_model(model_utils) -> None:
         attention = getattr(model_config, "_attn_implementation", None)
         if attention in (None, "flash_attention_2"):
             attention = "sdpa"
+        elif attention == "pack_varlen":
+            _register_varlen_attention()
         return AutoModelForTokenClassification.from_pretrained(
             pretrained_model_name_or_path=local_path,
             torch_dtype=torch_dtype,
@@ -295,7 +297,7 @@ def _varlen_default_attention(model_config) -> None:
         # lazy: transformers' attention registry; only a process that builds a model config needs it
         from recipes.verl_ext.plugin import varlen_attention
 
-        varlen_attention.register()
+        _register_varlen_attention()
         if "attn_implementation" not in self.override_config:  # what verl would read as flash_attention_2
             self.override_config["attn_implementation"] = varlen_attention.NAME  # in place: the field is frozen
         original(self)
@@ -312,7 +314,16 @@ def apply_flash_attn_fallbacks() -> None:
     if flash_attn_installed():
         return
     when_imported("verl.workers.config.model", _varlen_default_attention)
+    # a worker builds its models from a config made in another process: the name must be registered there too
+    when_imported("verl.workers.engine.fsdp.transformer_impl", _register_varlen_attention)
     when_imported("verl.utils.model", _sdpa_value_model)
+
+
+def _register_varlen_attention(_module=None) -> None:
+    # lazy: transformers' attention registry, in a process that builds models
+    from recipes.verl_ext.plugin import varlen_attention
+
+    varlen_attention.register()
 
 
 def apply_cpu_patches() -> None:

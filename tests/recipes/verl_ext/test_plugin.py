@@ -188,12 +188,33 @@ def test_cuda_without_flash_attn_runs_remove_padding_batches_with_pack_varlen(as
         assert critic.config._attn_implementation == "pack_varlen", critic.config._attn_implementation
         typed = HFModelConfig(path=path, override_config={{"attn_implementation": "sdpa"}})
         assert typed.hf_config._attn_implementation == "sdpa"
+        import pickle
+        pickle.dump(config.hf_config, open({str(tmp_path / "hf_config.pkl")!r}, "wb"))
+        print("OK")
+        """
+    )
+    # a Ray worker: the config made in the task runner arrives pickled; the worker's engine builds the models
+    worker = textwrap.dedent(
+        f"""
+        import os, pickle, torch
+        torch.version.cuda = "12.4"
+        os.environ.pop("VERL_PLATFORM", None)
+        import verl
+        import verl.workers.engine.fsdp.transformer_impl
+        import verl.utils.model as model_utils
+        from transformers import AutoModelForCausalLM
+        path = {str(assets.model_dir)!r}
+        hf_config = pickle.load(open({str(tmp_path / "hf_config.pkl")!r}, "rb"))
+        actor = AutoModelForCausalLM.from_pretrained(path, config=hf_config, dtype=torch.float32)
+        critic = model_utils.load_valuehead_model(path, torch.float32, hf_config, False)
+        assert actor.config._attn_implementation == critic.config._attn_implementation == "pack_varlen"
         print("OK")
         """
     )
     env = _cuda_build_probe(flash_attn=False, tmp_path=tmp_path)
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300)
-    assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]
+    for code in (probe, worker):
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+        assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]
 
 
 # ---- version gate ------------------------------------------------------------------------------------------------
