@@ -4,8 +4,11 @@
 
 - Resume: the resumed run's steps start at SAVE+1 and end where the first run ended; the KL controller's state saved
   in ``FIRST_RUN/checkpoints/global_step_SAVE/kl_control.json`` (coefficient, step) is what the resumed run's first
-  step uses (``kl_control/loss_coef`` or ``kl_control/reward_coef`` in metrics.jsonl), and the coefficients of
-  both runs agree step by step after it; both runs' last ``kl_control.json`` states are compared too.
+  step uses, as the first run's step SAVE+1 did: GRPO's KL-loss coefficient ``kl_control/loss_coef``, KL-PPO's
+  in-reward one as verl applied it, ``actor/reward_kl_penalty_coeff``. What the controller makes of that step's
+  measured KL (``kl_control/next_loss_coef``, ``kl_control/reward_coef``) parts the two runs as their sampled
+  batches do (sampling is not replayed): the step-by-step difference and both runs' last ``kl_control.json``
+  states are reported, not required equal.
 - Learning: in the first run (never interrupted), the mean reward (``critic/score/mean``) of the last K steps minus
   that of the first K (the margin), against the step-to-step spread (standard deviation of consecutive
   differences): the margin in units of that spread.
@@ -22,7 +25,8 @@ import sys
 from pathlib import Path
 
 REWARD = "critic/score/mean"
-COEFS = ("kl_control/loss_coef", "kl_control/reward_coef")
+# the coefficient a step uses, by the saved state's key (KL-PPO's first: where it is logged, it is the one that moves)
+USED = {"reward_coef": "actor/reward_kl_penalty_coeff", "loss_coef": "kl_control/loss_coef"}
 
 
 def metrics(run: Path) -> dict[int, dict]:
@@ -38,13 +42,6 @@ def metrics(run: Path) -> dict[int, dict]:
 def kl_state(run: Path, step: int) -> dict | None:
     path = run / "checkpoints" / f"global_step_{step}" / "kl_control.json"
     return json.loads(path.read_text()).get("state") if path.is_file() else None
-
-
-def coefficient(row: dict) -> tuple[str, float] | None:
-    for key in COEFS:
-        if isinstance(row.get(key), (int, float)):
-            return key, float(row[key])
-    return None
 
 
 def learning(rows: dict[int, dict], k: int) -> dict:
@@ -76,21 +73,19 @@ def resume(first: Path, resumed: Path, save: int) -> dict:
         "saved_kl_state": {k: v for k, v in (saved or {}).items() if k != "history"},
     }
     out["numbering_ok"] = bool(b) and min(b) == save + 1 and max(b) == max(a, default=None)
-    resumed_first = coefficient(b.get(save + 1, {}))
-    saved_coef = None
-    if saved and resumed_first:
-        saved_coef = saved.get(resumed_first[0].removeprefix("kl_control/"))
-    out["resumed_first_coef"] = resumed_first[1] if resumed_first else None
-    out["saved_coef"] = saved_coef
-    # every coefficient the controller logs (GRPO's loss_coef, KL-PPO's in-reward reward_coef) comes out of the
-    # restored state at the first resumed step exactly as the first run's did there
+    # every coefficient the first resumed step uses comes out of the restored state, as the first run's did there
     first_a, first_b = a.get(save + 1, {}), b.get(save + 1, {})
-    out["first_resumed_step_equal"] = {key: first_a[key] == first_b[key] for key in COEFS
-                                       if key in first_a and key in first_b}
-    out["kl_state_read_back"] = (saved_coef is not None and resumed_first is not None
-                                 and saved_coef == resumed_first[1] and all(out["first_resumed_step_equal"].values()))
-    pairs = [(coefficient(a[s]), coefficient(b[s])) for s in sorted(set(a) & set(b))]
-    diffs = [abs(x[1] - y[1]) for x, y in pairs if x and y]
+    used = {key: metric for key, metric in USED.items() if metric in first_b}
+    out["first_resumed_step_equal"] = {metric: first_a.get(metric) == first_b[metric] for metric in used.values()}
+    out["saved_equals_used"] = {metric: (saved or {}).get(key) == first_b[metric] for key, metric in used.items()}
+    primary = next(iter(used), None)
+    out["saved_coef"] = (saved or {}).get(primary) if primary else None
+    out["resumed_first_coef"] = first_b[used[primary]] if primary else None
+    out["kl_state_read_back"] = bool(used) and all(out["saved_equals_used"].values()) and all(
+        out["first_resumed_step_equal"].values())
+    metric = used.get(primary) if primary else None
+    pairs = [(a[s].get(metric), b[s].get(metric)) for s in sorted(set(a) & set(b))] if metric else []
+    diffs = [abs(x - y) for x, y in pairs if isinstance(x, (int, float)) and isinstance(y, (int, float))]
     out["coef_steps_compared"] = len(diffs)
     out["coef_max_abs_diff"] = max(diffs) if diffs else None
     rewards = [(a[s].get(REWARD), b[s].get(REWARD)) for s in sorted(set(a) & set(b))]
@@ -125,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         f"(read back: {r['kl_state_read_back']}); max |coef diff| over {r['coef_steps_compared']} steps "
         f"{r['coef_max_abs_diff']}"
     )
-    if "margin" in learn:
+    if "margin" in learn and learn["margin_over_spread"] is not None:
         print(
             f"learning: mean reward first {learn['k']} {learn['first_k_mean']:+.3f} -> last {learn['k']} "
             f"{learn['last_k_mean']:+.3f}: margin {learn['margin']:+.3f} = {learn['margin_over_spread']:.1f}x the "

@@ -66,3 +66,37 @@ def test_a_resume_that_does_not_hold_exits_1(tmp_path, coefs, steps, broken):
     rc, result, _ = _check(tmp_path, coefs, steps)
     assert rc == 1
     assert result["resume"][broken] is False
+
+
+def _kl_ppo_folder(path: Path, steps, used, updated, saves) -> Path:
+    """KL-PPO's metrics: verl's applied in-reward coefficient and the controller's update from the step's KL."""
+    path.mkdir(parents=True)
+    lines = [
+        json.dumps({"step": s, "data": {"critic/score/mean": 0.1 + 0.01 * s * s, "kl_control/loss_coef": 0.05,
+                                        "actor/reward_kl_penalty_coeff": u, "kl_control/reward_coef": n}})
+        for s, u, n in zip(steps, used, updated, strict=True)
+    ]
+    (path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    for step, coef in saves.items():
+        folder = path / "checkpoints" / f"global_step_{step}"
+        folder.mkdir(parents=True)
+        state = {"step": step, "target": 0.1, "loss_coef": 0.05, "reward_coef": coef, "history": []}
+        (folder / "kl_control.json").write_text(json.dumps({"settings": {}, "state": state}))
+    return path
+
+
+@pytest.mark.parametrize(("resumed_used", "rc"), [(0.0332, 0), (0.05, 1)], ids=["restored", "restarted"])
+def test_kl_ppo_resume_is_judged_by_the_coefficient_its_first_step_applies(tmp_path, resumed_used, rc):
+    """H200, 2026-12-01: the resumed step 11 applied the saved 0.03324 as the first run did, and the controller's
+    update from step 11's KL then differed (0.03457 against 0.03241: a different sampled batch). That holds."""
+    first = _kl_ppo_folder(tmp_path / "first", range(1, 5), [0.05, 0.048, 0.0346, 0.0332],
+                           [0.048, 0.0346, 0.0332, 0.0324], {2: 0.0346, 3: 0.0332})
+    resumed = _kl_ppo_folder(tmp_path / "resumed", [4], [resumed_used], [0.0346], {})
+    out = tmp_path / "check.json"
+    args = [sys.executable, str(SCRIPT), str(first), str(resumed), "--save-step", "3", "--k", "1", "--json", str(out)]
+    run = subprocess.run(args, capture_output=True, text=True)
+    resume = json.loads(out.read_text())["resume"]
+    assert run.returncode == rc, run.stdout
+    assert resume["saved_coef"] == 0.0332 and resume["resumed_first_coef"] == resumed_used
+    assert resume["kl_state_read_back"] is (rc == 0)
+    assert resume["coef_max_abs_diff"] == pytest.approx(abs(resumed_used - 0.0332))
