@@ -13,7 +13,8 @@
 # trainer.resume_from_path=<first run>/checkpoints/global_step_SAVE: they continue at step SAVE+1 to STEPS with the
 # KL controller's saved state. Parts:
 #   grpo, grpo_resume, kl_ppo, kl_ppo_resume   the tiny model and task (default PARTS)
-#   batching    GRPO with batching=fixed, then batching=dynamic, same everything else
+#   batching    GRPO with batching=fixed, then batching=dynamic, same everything else (BATCHING_MODEL=qwen2_5_0_5b:
+#               that model instead of the tiny one)
 #   qwen05b     GRPO with model=qwen2_5_0_5b (random weights of the shipped architecture) for speed
 #
 # Needs one CUDA GPU, torch and transformers. Where Ray, verl and the rest are missing (a GPU machine without
@@ -129,7 +130,8 @@ done
 if has batching; then
   for mode in fixed dynamic; do
     # shellcheck disable=SC2046
-    run grpo_batching_$mode grpo $(base) batching=$mode trainer.save_freq=-1
+    run grpo_batching_$mode grpo $(base | sed "s/model=tiny/model=${BATCHING_MODEL:-tiny}/") batching=$mode \
+      trainer.save_freq=-1
   done
 fi
 if has qwen05b; then
