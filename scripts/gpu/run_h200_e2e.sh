@@ -88,7 +88,7 @@ diagnose() {
 run() {
   local name=$1 recipe=$2; shift 2
   local dir=$WORK/runs/$name start end rc
-  echo "=== $name: python -m recipes.$recipe $* hydra.run.dir=$dir ===" | tee -a "$LOG"
+  echo "=== $name: python -m recipes.$recipe $* ${EXTRA_ARGS[*]} hydra.run.dir=$dir ===" | tee -a "$LOG"
   start=$(date +%s.%N)
   timeout "$RUN_TIMEOUT" $PY -m recipes."$recipe" "$@" "${EXTRA_ARGS[@]}" hydra.run.dir="$dir" >"$WORK/$name.log" 2>&1 &
   local pid=$! waited=0
@@ -109,6 +109,14 @@ run() {
   return $rc
 }
 has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
+# model_args NAME: the model group and, for a shipped architecture other than tiny (built by the recipe itself), a
+# local folder of it with random weights (scripts/gpu/random_model.py: no model hub here)
+model_args() {
+  if [ "$1" = tiny ]; then echo "model=tiny"; return; fi
+  local dir
+  dir=$($PY scripts/gpu/random_model.py "$1" "$WORK/models/$1" 2>>"$LOG" | tail -1) || return 1
+  echo "model=$1 actor_rollout_ref.model.path=$dir"
+}
 base() { echo "${COMMON[@]}" trainer.total_training_steps="$STEPS" trainer.save_freq="$SAVE"; }
 resume_args() {
   echo trainer.resume_mode=resume_path trainer.resume_from_path="$WORK/runs/$1/checkpoints/global_step_$SAVE"
@@ -130,13 +138,13 @@ done
 if has batching; then
   for mode in fixed dynamic; do
     # shellcheck disable=SC2046
-    run grpo_batching_$mode grpo $(base | sed "s/model=tiny/model=${BATCHING_MODEL:-tiny}/") batching=$mode \
-      trainer.save_freq=-1
+    run grpo_batching_$mode grpo $(base | sed "s#model=tiny#$(model_args "${BATCHING_MODEL:-tiny}")#") \
+      batching=$mode trainer.save_freq=-1
   done
 fi
 if has qwen05b; then
   # shellcheck disable=SC2046
-  run grpo_qwen05b grpo $(base | sed 's/model=tiny/model=qwen2_5_0_5b/') trainer.save_freq=-1 ${QWEN_ARGS:-}
+  run grpo_qwen05b grpo $(base | sed "s#model=tiny#$(model_args qwen2_5_0_5b)#") trainer.save_freq=-1 ${QWEN_ARGS:-}
 fi
 
 $PY - "$WORK/figures" "$OUTDIR/summary.json" <<'EOF'

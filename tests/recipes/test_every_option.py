@@ -73,3 +73,18 @@ def test_experiments_compose_and_validate(recipe):
     for option in group_options("experiment"):
         checked = validate(compose_recipe(recipe, [f"experiment={option}"]))
         assert checked.train.world_size == checked.cfg.cluster.nnodes * checked.cfg.cluster.gpus_per_node
+
+
+ONE_DEVICE = {"cpu": ["cluster=cpu", "parallel=cpu", "model=tiny"],
+              "h200": ["cluster=h200_141g", "cluster.gpus_per_node=1", "parallel=tp1", "model=tiny"]}
+
+
+@pytest.mark.parametrize("where", ONE_DEVICE)
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_the_tiny_task_takes_fixed_batching_on_one_device(recipe, where):
+    """The tiny task's micro-batches divide its mini-batch per GPU (GRPO 8 prompts x 5, KL-PPO 8 x 1), as verl
+    requires with batching=fixed (on an H200, 2026-12-01, it was 16 against GRPO's 40: refused before the run)."""
+    checked = validate(compose_recipe(recipe, ["task=tiny", "batching=fixed", "rollout=hf", *ONE_DEVICE[where]]))
+    actor = checked.cfg.actor_rollout_ref.actor
+    assert actor.use_dynamic_bsz is False
+    assert 8 * checked.cfg.actor_rollout_ref.rollout.n % actor.ppo_micro_batch_size_per_gpu == 0
