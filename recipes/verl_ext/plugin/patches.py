@@ -295,11 +295,11 @@ def _varlen_default_attention(model_config) -> None:
     @functools.wraps(original)
     def __post_init__(self):
         # lazy: transformers' attention registry; only a process that builds a model config needs it
-        from recipes.verl_ext.plugin import varlen_attention
+        from recipes.verl_ext.plugin.varlen_attention import NAME
 
         _register_varlen_attention()
         if "attn_implementation" not in self.override_config:  # what verl would read as flash_attention_2
-            self.override_config["attn_implementation"] = varlen_attention.NAME  # in place: the field is frozen
+            self.override_config["attn_implementation"] = NAME  # in place: the field is frozen
         original(self)
 
     __post_init__._hybrid_engine_varlen = True
@@ -321,9 +321,9 @@ def apply_flash_attn_fallbacks() -> None:
 
 def _register_varlen_attention(_module=None) -> None:
     # lazy: transformers' attention registry, in a process that builds models
-    from recipes.verl_ext.plugin import varlen_attention
+    from recipes.verl_ext.plugin.varlen_attention import register
 
-    varlen_attention.register()
+    register()
 
 
 def apply_cpu_patches() -> None:

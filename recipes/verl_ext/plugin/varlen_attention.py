@@ -14,6 +14,8 @@ is not on every machine (the benchmark's H200 has none and no network). This mod
   batch benchmark run the same attention kernel; only the linear layers and the logits differ in padded tokens).
 
 Its mask function is transformers' ``flash_attention_mask`` (None or the 2-D padding mask, never a 4-D mask).
+On a GPU machine without flash-attn the plugin registers it in every process that builds models and makes it the
+attention of any model config that names none (``patches.apply_flash_attn_fallbacks``); the GPU benchmarks use it too.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ KERNEL = "unregistered"
 def _setup_varlen() -> None:
     global _VARLEN, _VARLEN_KW, _GQA_NATIVE
     try:
+        # lazy: the module exists only in newer torch builds; its absence leaves the per-sequence sdpa fallback
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
         return
@@ -51,8 +54,9 @@ def _setup_varlen() -> None:
 def register() -> str:
     """Register ``pack_varlen`` with transformers (attention and mask); returns the kernel it will use on CUDA."""
     global KERNEL
+    # lazy: transformers' registries, needed only by a process that registers the attention (it builds models)
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask  # lazy: as the line above
 
     _setup_varlen()
     AttentionInterface.register(NAME, pack_varlen_attention)
