@@ -45,37 +45,6 @@ from _common import environment, gib, pct_error, pick_device, sync, write_json  
 from hybrid_engine.model_spec import MODEL_CONFIG_DIR  # noqa: E402
 
 ARMS = ("fixed", "dynamic")
-LOGPROB_CHUNK = 512
-
-
-class _ChunkedLogProbs(torch.autograd.Function):
-    """log p(label) = logit[label] - logsumexp(logits), ``LOGPROB_CHUNK`` rows at a time in fp32, with the backward
-    written in place into the logits' own storage: the memory behaviour of flash-attn's Triton cross-entropy with
-    ``inplace_backward=True`` (what verl calls), so no copy of the (tokens, vocab) logits is kept for backward; the only
-    extra memory is one chunk's fp32 rows and their exponentials (2 * LOGPROB_CHUNK * vocab * 4 bytes, transient)."""
-
-    @staticmethod
-    def forward(ctx, flat: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        lse = torch.empty(flat.shape[0], dtype=torch.float32, device=flat.device)
-        picked = flat.gather(-1, labels[:, None]).squeeze(-1).float()
-        for start in range(0, flat.shape[0], LOGPROB_CHUNK):
-            lse[start : start + LOGPROB_CHUNK] = torch.logsumexp(flat[start : start + LOGPROB_CHUNK].float(), dim=-1)
-        ctx.save_for_backward(flat, labels, lse)
-        return picked - lse
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        flat, labels, lse = ctx.saved_tensors
-        for start in range(0, flat.shape[0], LOGPROB_CHUNK):
-            rows = flat[start : start + LOGPROB_CHUNK]
-            g = grad[start : start + LOGPROB_CHUNK, None].float()
-            probs = torch.exp(rows.float() - lse[start : start + LOGPROB_CHUNK, None])
-            # d(logit[label] - lse)/d logits = onehot - softmax
-            rows.copy_(-probs * g)
-            rows.scatter_add_(-1, labels[start : start + LOGPROB_CHUNK, None], g.to(rows.dtype))
-        return flat, None
-
-
 def update_keys(actor_cfg, mini: int) -> dict:
     """The non-tensor keys verl's trainer sends with ``update_actor`` (one mini-batch of ``mini`` sequences)."""
     return dict(
@@ -91,27 +60,26 @@ def update_keys(actor_cfg, mini: int) -> dict:
     )
 
 
-def chunked_logprobs(logits: torch.Tensor, labels: torch.Tensor, inplace_backward: bool = True) -> torch.Tensor:
-    """What flash-attn's fused Triton cross-entropy (``verl.utils.torch_functional.logprobs_from_logits_flash_attn``)
-    computes, with its memory behaviour (``_ChunkedLogProbs``). Without flash-attn, verl falls back to
-    ``logprobs_from_logits_v2``, a Python loop over every row: on packed (total, vocab) logits that is one log_softmax
-    launch per token, which then dominates both arms."""
-    vocab = logits.shape[-1]
-    out = _ChunkedLogProbs.apply(logits.reshape(-1, vocab), labels.reshape(-1))
-    return out.view(labels.shape)
-
-
-def patch_logprobs() -> str:
-    """Swap verl's flash-attn-less log-prob fallback for ``chunked_logprobs`` (in this process only)."""
+def patch_logprobs(fused: bool = True) -> str:
+    """verl's log-prob function in this process: the plugin's chunked fp32 one (what the plugin installs on a GPU
+    machine without flash-attn, recipes/verl_ext/plugin/logprobs.py), or with ``fused=False`` verl's own fallback
+    without flash-attn, ``logprobs_from_logits_v2`` (a row loop)."""
     import verl.utils.torch_functional as verl_F
     import verl.workers.engine.fsdp.transformer_impl as impl
 
+    from recipes.verl_ext.plugin.logprobs import CHUNK, chunked_logprobs
+
     if verl_F.FLAH_ATTN_CROSS_ENTROPY_LOSS_AVAILABLE:
         return "flash-attn cross-entropy (verl's own)"
-    verl_F.logprobs_from_logits = chunked_logprobs
-    impl.logprobs_from_logits = chunked_logprobs
+    if not fused:
+        def row_loop(logits, labels, inplace_backward=True):
+            return verl_F.logprobs_from_logits_v2(logits, labels)
+
+        verl_F.logprobs_from_logits = impl.logprobs_from_logits = row_loop
+        return "verl's fallback (logprobs_from_logits_v2, a row loop)"
+    verl_F.logprobs_from_logits = impl.logprobs_from_logits = chunked_logprobs
     return (
-        f"chunked fp32 logsumexp + gather, {LOGPROB_CHUNK} rows a chunk, backward in place "
+        f"chunked fp32 logsumexp + gather, {CHUNK} rows a chunk, backward in place "
         "(substitute for flash-attn's fused CE with inplace_backward)"
     )
 
@@ -393,7 +361,7 @@ def prepare_process(args: argparse.Namespace) -> torch.device:
     args.attention_check = varlen_attention.self_check(device)
     print(f"attention self-check: {args.attention_check}")
     fused = getattr(args, "fused_logprobs", True)
-    args.logprobs = patch_logprobs() if fused else "verl's fallback (logprobs_from_logits_v2, a row loop)"
+    args.logprobs = patch_logprobs(fused)
     print(f"log-probs: {args.logprobs}")
     return device
 

@@ -21,6 +21,10 @@ what                                        why
                                             varlen kernel) instead of verl's default ``flash_attention_2``, which
                                             transformers refuses there: the recipes' default remove-padding batches
                                             then run as they would with flash-attn.
+``logprobs_from_logits`` (``torch_functional``  without flash-attn verl computes log-probs with a Python loop over
+and the FSDP engine's own reference)        every token (``logprobs_from_logits_v2``); on a GPU machine without
+                                            it the plugin's ``logprobs.chunked_logprobs`` (fp32 logsumexp in
+                                            chunks, flash-attn's in-place backward) takes its place.
 ``initialize_global_process_group_ray``     verl asks torch for ``"cpu:gloo,<device>:<backend>"``, which is
                                             ``"cpu:gloo,cpu:gloo"`` on the CPU: torch rejects the duplicate.
 ``FSDPEngine.get_per_tensor_param``         in a process hosting the ``hf`` rollout, the export also carries the
@@ -308,15 +312,27 @@ def _varlen_default_attention(model_config) -> None:
 
 def apply_flash_attn_fallbacks() -> None:
     """On an accelerator machine without flash-attn: a model config that names no attention takes ``pack_varlen``
-    (packed and padded batches alike, as flash-attn would run them), and the critic's value model loads with its
-    config's attention. Where flash-attn is installed nothing changes (verl keeps ``flash_attention_2``)."""
+    (packed and padded batches alike, as flash-attn would run them), the critic's value model loads with its
+    config's attention, and log-probs come from ``logprobs.chunked_logprobs`` instead of verl's row loop. Where
+    flash-attn is installed nothing changes (verl keeps ``flash_attention_2`` and its fused cross-entropy)."""
     require_supported_verl()
     if flash_attn_installed():
         return
     when_imported("verl.workers.config.model", _varlen_default_attention)
     # a worker builds its models from a config made in another process: the name must be registered there too
     when_imported("verl.workers.engine.fsdp.transformer_impl", _register_varlen_attention)
+    when_imported("verl.utils.torch_functional", _chunked_logprobs)
+    when_imported("verl.workers.engine.fsdp.transformer_impl", _chunked_logprobs)  # its own name for the function
     when_imported("verl.utils.model", _sdpa_value_model)
+
+
+def _chunked_logprobs(module) -> None:
+    """``module.logprobs_from_logits`` becomes the plugin's chunked fp32 version (verl's is a row loop here)."""
+    require_supported_verl()
+    # lazy: torch autograd code, only a process that computes log-probs with verl needs it
+    from recipes.verl_ext.plugin.logprobs import chunked_logprobs
+
+    module.logprobs_from_logits = chunked_logprobs
 
 
 def _register_varlen_attention(_module=None) -> None:

@@ -116,6 +116,8 @@ def test_importing_the_plugin_with_cuda_changes_nothing(tmp_path):
         assert not hasattr(model.load_valuehead_model, "_hybrid_engine_sdpa")
         from verl.workers.config.model import HFModelConfig
         assert not hasattr(HFModelConfig.__post_init__, "_hybrid_engine_varlen")
+        import verl.utils.torch_functional as verl_F
+        assert verl_F.logprobs_from_logits.__module__ == "verl.utils.torch_functional"
         assert "hf" in RolloutReplicaRegistry._registry   # additive: a new backend name, nothing else changes
         print("OK")
         """
@@ -208,6 +210,13 @@ def test_cuda_without_flash_attn_runs_remove_padding_batches_with_pack_varlen(as
         actor = AutoModelForCausalLM.from_pretrained(path, config=hf_config, dtype=torch.float32)
         critic = model_utils.load_valuehead_model(path, torch.float32, hf_config, False)
         assert actor.config._attn_implementation == critic.config._attn_implementation == "pack_varlen"
+        # log-probs: the plugin's chunked fp32 function, in verl's module and in the FSDP engine's own name for it
+        import verl.utils.torch_functional as verl_F, verl.workers.engine.fsdp.transformer_impl as impl
+        from recipes.verl_ext.plugin.logprobs import chunked_logprobs
+        assert verl_F.logprobs_from_logits is impl.logprobs_from_logits is chunked_logprobs
+        logits, labels = torch.randn(2, 7, 512), torch.randint(0, 512, (2, 7))
+        torch.testing.assert_close(verl_F.logprobs_from_logits(logits, labels),
+                                   verl_F.logprobs_from_logits_v2(logits, labels), atol=1e-5, rtol=0)
         print("OK")
         """
     )
