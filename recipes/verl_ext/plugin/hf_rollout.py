@@ -43,6 +43,7 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import CONTROL_METHOD_CONCURRENCY, RolloutReplica, TokenOutput
 
 from recipes import envvars
+from recipes.verl_ext.plugin.packed_weights import PackedWeights, pack, unpack
 from recipes.verl_ext.plugin.weight_sync import (
     SyncCheckFailed,
     check_generation_side,
@@ -82,18 +83,19 @@ def server_name(replica_rank: int) -> str:
     return f"{ROLLOUT_NAME}_server_{replica_rank}"
 
 
-def hand_off_weights(weights: Iterable[tuple[str, torch.Tensor]], keep: bool) -> dict[str, torch.Tensor] | None:
-    """Drain the actor's ``(name, full tensor)`` stream; return it as a CPU state dict where ``keep``, else None.
+def hand_off_weights(weights: Iterable[tuple[str, torch.Tensor]], keep: bool) -> PackedWeights | None:
+    """Drain the actor's ``(name, full tensor)`` stream; return it packed in one host buffer where ``keep``, else None.
 
     Every rank must drain the stream, because its collectives run while it is yielded (the resharder's all-to-all,
     or verl's per-tensor ``full_tensor()``); only the rank that feeds a server keeps the tensors. This is the single
-    place where weights leave the actor for the rollout.
+    place where weights leave the actor for the rollout (``packed_weights``: Ray moves one buffer ~10x faster than a
+    dict of tensors).
     """
-    state: dict[str, torch.Tensor] | None = {} if keep else None
-    for name, tensor in weights:
-        if state is not None:
-            state[name] = tensor.detach().to("cpu", copy=True)
-    return state
+    if keep:
+        return pack(weights)
+    for _ in weights:
+        pass
+    return None
 
 
 class HFServer:
@@ -254,10 +256,13 @@ class HFServer:
 
     # ---- weights ----------------------------------------------------------------------------------------------
 
-    async def update_weights(self, state_dict: dict[str, torch.Tensor], global_steps: int | None = None,
+    async def update_weights(self, state_dict: PackedWeights | dict[str, torch.Tensor], global_steps: int | None = None,
                              device_uuid: str | None = None) -> dict[str, tuple[int, int, int]]:
-        """Load a full state dict (HF names); returns the checksums of the loaded tensors, read back from the model
-        (hybrid_engine.reshard.checksum), for the sync check. ``device_uuid``: the feeding worker's GPU."""
+        """Load a full state dict (HF names; packed, as the adapter sends it, or a dict); returns the checksums of the
+        loaded tensors, read back from the model (hybrid_engine.reshard.checksum), for the sync check.
+        ``device_uuid``: the feeding worker's GPU."""
+        if isinstance(state_dict, PackedWeights):
+            state_dict = unpack(state_dict)
         await asyncio.to_thread(self._place, device_uuid)
         await asyncio.to_thread(self._load_state_dict, state_dict)
         self.weight_version += 1

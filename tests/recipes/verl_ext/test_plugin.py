@@ -304,6 +304,7 @@ def test_when_imported_runs_after_the_first_import_and_at_once_later(tmp_path, m
 
 def test_hand_off_drains_every_rank_and_copies_on_the_sender():
     from recipes.verl_ext.plugin.hf_rollout import hand_off_weights
+    from recipes.verl_ext.plugin.packed_weights import unpack
 
     live = {"a": torch.ones(2), "b": torch.zeros(3)}
     drained = []
@@ -315,9 +316,35 @@ def test_hand_off_drains_every_rank_and_copies_on_the_sender():
 
     assert hand_off_weights(stream(), keep=False) is None
     assert drained == ["a", "b"]  # a non-sending rank still runs every all-gather
-    state = hand_off_weights(stream(), keep=True)
+    packed = hand_off_weights(stream(), keep=True)
     live["a"].add_(5)
-    assert torch.equal(state["a"], torch.ones(2)) and set(state) == {"a", "b"}
+    state = unpack(packed)
+    assert torch.equal(state["a"], torch.ones(2)) and packed.names == ["a", "b"]
+
+
+def test_a_packed_hand_off_carries_every_dtype_and_layout_bit_for_bit():
+    from recipes.verl_ext.plugin.hf_rollout import hand_off_weights
+    from recipes.verl_ext.plugin.packed_weights import ALIGN, unpack
+
+    reused = torch.zeros(4, 3)  # a stream may hand out one buffer again and again
+    transposed = torch.randn(5, 7).bfloat16().t()  # non-contiguous, 2-byte elements
+
+    def stream():
+        for step in range(2):
+            reused.fill_(step + 1)
+            yield f"reused{step}", reused
+        yield "bf16_t", transposed
+        yield "scalar", torch.tensor(3.5, dtype=torch.float64)
+        yield "ids", torch.arange(7)
+        yield "empty", torch.zeros(0, 4)
+
+    packed = hand_off_weights(stream(), keep=True)
+    state = unpack(packed)
+    assert torch.equal(state["reused0"], torch.ones(4, 3)) and torch.equal(state["reused1"], torch.full((4, 3), 2.0))
+    assert state["bf16_t"].dtype == torch.bfloat16 and torch.equal(state["bf16_t"], transposed)
+    assert state["scalar"].shape == () and state["scalar"].item() == 3.5 and state["ids"].tolist() == list(range(7))
+    assert state["empty"].shape == (0, 4) and len(packed) == 6
+    assert all(offset % ALIGN == 0 for _, _, _, offset, _ in packed.index)
 
 
 @pytest.mark.parametrize(("value", "enabled"), [(None, True), ("1", True), ("0", False), ("false", False)])
@@ -377,7 +404,7 @@ def test_adapter_sends_full_weights_and_the_step_from_the_replica_leader(compose
     adapter = _adapter(composed, monkeypatch, rank=0)
     asyncio.run(adapter.update_weights(_weights(), global_steps=7, peft_config=None, base_sync_done=True))
     [(method, (state, steps, device_uuid))] = adapter._server.calls
-    assert method == "update_weights" and steps == 7 and set(state) == {"w", "v"}
+    assert method == "update_weights" and steps == 7 and state.names == ["w", "v"]
     assert device_uuid is None  # no CUDA here: the server keeps generating on the host
 
 
