@@ -3,9 +3,9 @@
 Ray moves one numpy buffer through its object store without pickling it, but pickles a dict of torch tensors tensor
 by tensor: for Qwen2.5-0.5B's fp32 state dict (1.98 GB, 290 tensors) the dict took 13.25 s from the driver into a
 server actor's tensors on a 2-core machine and the packed buffer 2.88 s, packing included (medians of 3,
-``python scripts/bench_hf_handoff.py``, 2026-12-01 19:50 UTC). Packing copies bytes (``Tensor.view(torch.uint8)``), so the
-server holds the very bits the actor sent, whatever their dtype, and the weight sync's checksums still compare
-equal. Offsets are aligned so each tensor can be viewed back in its own dtype. Pure torch and numpy.
+``python scripts/bench_hf_handoff.py``, 2026-12-01 19:42 UTC). Packing copies bytes (``Tensor.view(torch.uint8)``),
+so the server holds the very bits the actor sent, whatever their dtype, and the weight sync's checksums still
+compare equal. Offsets are aligned so each tensor can be viewed back in its own dtype. Pure torch and numpy.
 """
 
 from __future__ import annotations
