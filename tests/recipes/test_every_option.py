@@ -25,8 +25,8 @@ OVER_THE_GPU: dict[tuple[str, str, str], list[str]] = {
     ("kl_ppo", "model", "qwen3_30b_a3b"): ["offload=full"],  # 140.41 GiB in generation
     ("kl_ppo", "parallel", "tp4pp2"): ["offload=optimizer"],  # 83.53 GiB in generation (Megatron dp 1)
     ("kl_ppo", "strategy", "megatron"): ["offload=optimizer"],  # 83.53 GiB in generation (parallel=tp8, dp 1)
-    # kl_ppo rollout=hf left (83.39 GiB in training when the planner reserved the engine's share for it): the hf
-    # rollout keeps its model in host memory and reserves nothing on the GPU
+    # kl_ppo rollout=hf left: 75.73 GiB in training, the hf server's whole fp32 model (29.92 GiB) on its replica's
+    # first GPU in place of a vLLM share (83.39 GiB when the planner reserved that share for it)
 }
 
 CASES = [
