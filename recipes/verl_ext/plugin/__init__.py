@@ -11,11 +11,13 @@ verl imports this package in every process that imports verl (entry-point group 
    :class:`~.platform.PlatformCPU` in verl's ``PlatformRegistry``, selects it (``VERL_PLATFORM=cpu``, inherited by
    Ray workers), turns off Ray's pre-started idle workers (``RAY_prestart_worker_first_driver=0``: one per
    logical CPU, seconds each on 2 cores) and applies the CPU patches of :mod:`.patches`. On a machine with CUDA
-   nothing of this happens; there, only where the flash-attn package is missing, the critic's value model is
-   loaded with sdpa instead of verl's hard-coded flash_attention_2 (:func:`.patches.apply_flash_attn_fallbacks`).
+   nothing of this happens; there, only where the flash-attn package is missing, models take ``pack_varlen``
+   attention and the critic's value model its config's attention instead of verl's hard-coded flash_attention_2,
+   and log-probs a chunked fp32 function instead of verl's row loop (:func:`.patches.apply_flash_attn_fallbacks`).
+   On every machine the v1 replay buffer takes its poll interval from ``trainer.v1.sampler.sampler_kwargs``.
 
-The verl overrides that go with it are in :mod:`.cpu_overrides` (``CPU_VERL_OVERRIDES``); :mod:`.replay_buffer` is
-the v1 replay buffer with a short poll; :mod:`.demo_run` runs and measures ``main_ppo`` (bench script, e2e tests).
+The verl overrides that go with it are in :mod:`.cpu_overrides` (``CPU_VERL_OVERRIDES``); :mod:`.demo_run` runs and
+measures ``main_ppo`` (bench script, e2e tests).
 To make a refusal loud, put the plugin in ``VERL_USE_EXTERNAL_MODULES`` (``demo_run.loud_plugin_env``): verl then
 imports it without swallowing errors.
 """
@@ -65,6 +67,7 @@ def install() -> None:
 
     patches.apply_rollout_patches()
     patches.apply_record_patches()
+    patches.apply_trainer_patches()
     patches.when_imported(
         "verl.workers.rollout.replica",
         lambda replica: replica.RolloutReplicaRegistry.register("hf", _load_hf_replica),

@@ -21,6 +21,9 @@ what                                        why
                                             varlen kernel) instead of verl's default ``flash_attention_2``, which
                                             transformers refuses there: the recipes' default remove-padding batches
                                             then run as they would with flash-attn.
+``ReplayBuffer.__init__``                   the v1 trainer's replay buffer polls TransferQueue every 2 s, a
+                                            constant; it takes ``trainer.v1.sampler.sampler_kwargs.poll_interval``
+                                            (the recipes set 0.1 s, 0.02 s on the CPU) where that key is given.
 ``logprobs_from_logits`` (``torch_functional``  without flash-attn verl computes log-probs with a Python loop over
 and the FSDP engine's own reference)        every token (``logprobs_from_logits_v2``); on a GPU machine without
                                             it the plugin's ``logprobs.chunked_logprobs`` (fp32 logsumexp in
@@ -56,6 +59,7 @@ __all__ = [
     "UnsupportedVerlError",
     "apply_cpu_patches",
     "apply_flash_attn_fallbacks",
+    "apply_trainer_patches",
     "flash_attn_installed",
     "apply_rollout_patches",
     "installed_verl_version",
@@ -273,6 +277,30 @@ def apply_record_patches() -> None:
     require_supported_verl()
     when_imported("verl.trainer.main_ppo", _redacted_config_print)
     when_imported("verl.trainer.main_ppo_v0", _redacted_config_print)
+
+
+def _configurable_poll_interval(replay_buffer) -> None:
+    require_supported_verl()
+    buffer_cls = replay_buffer.ReplayBuffer
+    original = buffer_cls.__init__
+    if getattr(original, "_hybrid_engine_poll", False):
+        return
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        interval = (getattr(self, "sampler_kwargs", None) or {}).get("poll_interval")
+        if interval is not None:
+            self.poll_interval = float(interval)
+
+    __init__._hybrid_engine_poll = True
+    buffer_cls.__init__ = __init__
+
+
+def apply_trainer_patches() -> None:
+    """What every run needs of verl's v1 trainer, on any device: the replay buffer's poll interval from config."""
+    require_supported_verl()
+    when_imported("verl.trainer.ppo.v1.replay_buffer", _configurable_poll_interval)
 
 
 def apply_rollout_patches() -> None:

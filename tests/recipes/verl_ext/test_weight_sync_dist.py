@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from hybrid_engine.reshard.checksum import checksums
 from hybrid_engine.reshard.harness import fully_sharded_tiny_model, run_world
+from recipes.verl_ext.plugin.packed_weights import unpack
 from recipes.verl_ext.plugin.weight_sync import SYNC_LOG_ENV, SyncCheckFailed, read_sync_log
 
 SEED = 5
@@ -52,7 +53,7 @@ class _Server:
                 calls.append((name, args))
                 if name != "update_weights":
                     return None
-                names, sums = checksums(args[0])
+                names, sums = checksums(unpack(args[0]))  # the adapter sends one packed buffer, as to Ray
                 loaded = {n: tuple(row) for n, row in zip(names, sums.tolist(), strict=True)}
                 if corrupt in loaded:
                     loaded[corrupt] = (loaded[corrupt][0] + 1, *loaded[corrupt][1:])
@@ -111,7 +112,7 @@ def _sync(rank: int, world: int, log_path: str) -> list[dict]:
         except SyncCheckFailed as failed:
             error = str(failed)
         sent = [args for name, args in server.calls if name == "update_weights"]
-        state = sent[0][0] if sent else None
+        state = unpack(sent[0][0]) if sent else None
         results.append(
             {
                 "case": case,
