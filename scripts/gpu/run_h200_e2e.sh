@@ -60,7 +60,11 @@ LOG=$OUTDIR/e2e.log
 
 {
   date -u +%Y-%m-%dT%H:%M:%SZ
-  git rev-parse HEAD 2>/dev/null
+  # a copied checkout may carry a stale .git: the code that ran is named by the hash of its files (the same command
+  # on the machine the checkout came from gives the same hash); COMMIT=... names the commit where the caller knows it
+  echo "commit ${COMMIT:-$(git rev-parse HEAD 2>/dev/null)} (as recorded)"
+  echo "code $(find recipes hybrid_engine conf scripts -type f \( -name '*.py' -o -name '*.yaml' -o -name '*.sh' \) \
+    | LC_ALL=C sort | xargs sha1sum | sha1sum | cut -c1-12) (sha1 of recipes/ hybrid_engine/ conf/ scripts/ files)"
   nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm,clocks.mem,driver_version --format=csv
   $PY -c "import sys, torch, transformers, ray, verl; print(sys.version.split()[0], 'torch', torch.__version__, \
 'cuda', torch.version.cuda, 'transformers', transformers.__version__, 'ray', ray.__version__, 'verl', verl.__version__)"
