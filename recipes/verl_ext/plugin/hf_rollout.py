@@ -218,7 +218,6 @@ class HFServer:
         for row, prompt in enumerate(prompts):  # left padding
             input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             attention_mask[row, width - len(prompt) :] = 1
-        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         sample = temperature > 0
         # When sampling, every knob is set: one left unset falls back to transformers' defaults (top_k=50), which
         # would truncate sampling while verl's actor scores the full distribution. Greedy decoding uses none of them.
@@ -232,8 +231,9 @@ class HFServer:
             return_dict_in_generate=True,
             output_scores=want_logprobs,
         )
-        with self._lock:
+        with self._lock:  # the model's device and weights hold still while it generates
             weight_steps = self.global_steps
+            input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
             out = self.model.generate(
                 input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config
             )
