@@ -88,15 +88,18 @@ def _logged_checkpoint(metrics: Path, found: ckpt.Scan, step: int, start: Path) 
                           f"log): resuming from {folder}, steps {back + 1}-{step} run again"]
 
 
+def _row_step(line: str) -> int | None:
+    """The step of one ``metrics.jsonl`` row, or None for a line that is not a row (cut by a crash)."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def _last_logged_step(metrics: Path) -> int | None:
     if not metrics.is_file():
         return None
-    steps = []
-    for line in metrics.read_text().splitlines():
-        try:
-            steps.append(int(json.loads(line)["step"]))
-        except (ValueError, KeyError, TypeError):
-            continue  # a line cut by a crash: not a row
+    steps = [step for step in map(_row_step, metrics.read_text().splitlines()) if step is not None]
     return max(steps, default=None)
 
 
@@ -129,11 +132,9 @@ def keep_metrics_up_to(metrics: Path, step: int, aside: Path) -> int:
     lines = [line for line in metrics.read_text().splitlines(keepends=True) if line.endswith("\n")]
     kept, moved = [], []
     for line in lines:
-        try:
-            row_step = int(json.loads(line)["step"])
-        except (ValueError, KeyError, TypeError):
-            continue  # a line cut by a crash: not a row
-        (kept if row_step <= step else moved).append(line)
+        row_step = _row_step(line)
+        if row_step is not None:
+            (kept if row_step <= step else moved).append(line)
     if moved:
         with aside.open("a") as f:
             f.writelines(moved)

@@ -289,7 +289,7 @@ def estimate_memory(
 
     host_rollout = settings.rollout_engine in HOST_ROLLOUTS
     if host_rollout:
-        generation_weight_bytes = _fsdp_shard_elems(spec, 1) * HOST_WEIGHT_BYTES  # the whole model, unsharded
+        generation_weight_bytes = spec.numel * HOST_WEIGHT_BYTES  # the whole model, unsharded (tied tensors once)
         reserved = generation_weight_bytes
     else:
         reserved = int(settings.gpu_memory_utilization * gpu)
