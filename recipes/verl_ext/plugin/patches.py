@@ -160,6 +160,17 @@ def when_imported(module_name: str, callback: Callable) -> None:
 # ---- the patches -------------------------------------------------------------------------------------------------
 
 
+def _wrap_once(owner, attr: str, marker: str, wrap: Callable[[Callable], Callable]) -> None:
+    """``owner.attr = wrap(original)``, marked with ``marker``: a second call (the hook runs once per import, the
+    plugin may be installed twice) leaves the wrapped one as it is."""
+    original = getattr(owner, attr)
+    if getattr(original, marker, False):
+        return
+    wrapped = wrap(original)
+    setattr(wrapped, marker, True)
+    setattr(owner, attr, wrapped)
+
+
 def _register_hf_adapter(base_module) -> None:
     require_supported_verl()
     base_module._ROLLOUT_REGISTRY[("hf", "async")] = _ROLLOUT_ADAPTER
@@ -196,67 +207,68 @@ def _unpinned_cpu_offload(transformer_impl) -> None:
 
 def _gloo_process_group(distributed) -> None:
     require_supported_verl()
-    original = distributed.initialize_global_process_group_ray
-    if getattr(original, "_hybrid_engine_gloo", False):
-        return
 
-    @functools.wraps(original)
-    def initialize_global_process_group_ray(timeout_second=None, backend=None):
-        return original(timeout_second=timeout_second, backend=backend or "cpu:gloo")
+    def wrap(original):
+        @functools.wraps(original)
+        def initialize_global_process_group_ray(timeout_second=None, backend=None):
+            return original(timeout_second=timeout_second, backend=backend or "cpu:gloo")
 
-    initialize_global_process_group_ray._hybrid_engine_gloo = True
-    distributed.initialize_global_process_group_ray = initialize_global_process_group_ray
+        return initialize_global_process_group_ray
+
+    _wrap_once(distributed, "initialize_global_process_group_ray", "_hybrid_engine_gloo", wrap)
 
 
 def _sdpa_value_model(model_utils) -> None:
     require_supported_verl()
-    original = model_utils.load_valuehead_model
-    if getattr(original, "_hybrid_engine_sdpa", False):
-        return
 
-    @functools.wraps(original)
-    def load_valuehead_model(local_path, torch_dtype, model_config, trust_remote_code):
-        # lazy: half a second in every process that imports verl; only the critic's model load needs it
-        from transformers import AutoModelForTokenClassification
+    def wrap(original):
+        @functools.wraps(original)
+        def load_valuehead_model(local_path, torch_dtype, model_config, trust_remote_code):
+            return _load_value_model(local_path, torch_dtype, model_config, trust_remote_code)
 
-        # verl's first choice (a token-classification head with one label), with the config's attention (set from
-        # override_config by verl's model config; pack_varlen on a GPU without flash-attn), sdpa for flash-attention.
-        attention = getattr(model_config, "_attn_implementation", None)
-        if attention in (None, "flash_attention_2"):
-            attention = "sdpa"
-        elif attention == "pack_varlen":
-            _register_varlen_attention()
-        return AutoModelForTokenClassification.from_pretrained(
-            pretrained_model_name_or_path=local_path,
-            torch_dtype=torch_dtype,
-            config=model_config,
-            attn_implementation=attention,
-            trust_remote_code=trust_remote_code,
-        )
+        return load_valuehead_model
 
-    load_valuehead_model._hybrid_engine_sdpa = True
-    model_utils.load_valuehead_model = load_valuehead_model
+    _wrap_once(model_utils, "load_valuehead_model", "_hybrid_engine_sdpa", wrap)
+
+
+def _load_value_model(local_path, torch_dtype, model_config, trust_remote_code):
+    """verl's loader without its hard-coded flash_attention_2 (and without its trl fallback)."""
+    # lazy: half a second in every process that imports verl; only the critic's model load needs it
+    from transformers import AutoModelForTokenClassification
+
+    # verl's first choice (a token-classification head with one label), with the config's attention (set from
+    # override_config by verl's model config; pack_varlen on a GPU without flash-attn), sdpa for flash-attention.
+    attention = getattr(model_config, "_attn_implementation", None)
+    if attention in (None, "flash_attention_2"):
+        attention = "sdpa"
+    elif attention == "pack_varlen":
+        _register_varlen_attention()
+    return AutoModelForTokenClassification.from_pretrained(
+        pretrained_model_name_or_path=local_path,
+        torch_dtype=torch_dtype,
+        config=model_config,
+        attn_implementation=attention,
+        trust_remote_code=trust_remote_code,
+    )
 
 
 def _sharded_weight_export(transformer_impl) -> None:
     require_supported_verl()
-    engine_cls = transformer_impl.FSDPEngine
-    original = engine_cls.get_per_tensor_param
-    if getattr(original, "_hybrid_engine_sharded", False):
-        return
 
-    @functools.wraps(original)
-    def get_per_tensor_param(self, *args, **kwargs):
-        # lazy: verl imports this module in every process; only one whose FSDP engine exports weights needs it
-        from recipes.verl_ext.plugin.weight_sync import export_sharded
+    def wrap(original):
+        @functools.wraps(original)
+        def get_per_tensor_param(self, *args, **kwargs):
+            # lazy: verl imports this module in every process; only one whose FSDP engine exports weights needs it
+            from recipes.verl_ext.plugin.weight_sync import export_sharded
 
-        per_tensor_param, peft_config = original(self, *args, **kwargs)
-        if peft_config is not None:
-            return per_tensor_param, peft_config
-        return export_sharded(self, per_tensor_param), peft_config
+            per_tensor_param, peft_config = original(self, *args, **kwargs)
+            if peft_config is not None:
+                return per_tensor_param, peft_config
+            return export_sharded(self, per_tensor_param), peft_config
 
-    get_per_tensor_param._hybrid_engine_sharded = True
-    engine_cls.get_per_tensor_param = get_per_tensor_param
+        return get_per_tensor_param
+
+    _wrap_once(transformer_impl.FSDPEngine, "get_per_tensor_param", "_hybrid_engine_sharded", wrap)
 
 
 def _redacted_config_print(module) -> None:
@@ -281,20 +293,18 @@ def apply_record_patches() -> None:
 
 def _configurable_poll_interval(replay_buffer) -> None:
     require_supported_verl()
-    buffer_cls = replay_buffer.ReplayBuffer
-    original = buffer_cls.__init__
-    if getattr(original, "_hybrid_engine_poll", False):
-        return
 
-    @functools.wraps(original)
-    def __init__(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        interval = (getattr(self, "sampler_kwargs", None) or {}).get("poll_interval")
-        if interval is not None:
-            self.poll_interval = float(interval)
+    def wrap(original):
+        @functools.wraps(original)
+        def __init__(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            interval = (getattr(self, "sampler_kwargs", None) or {}).get("poll_interval")
+            if interval is not None:
+                self.poll_interval = float(interval)
 
-    __init__._hybrid_engine_poll = True
-    buffer_cls.__init__ = __init__
+        return __init__
+
+    _wrap_once(replay_buffer.ReplayBuffer, "__init__", "_hybrid_engine_poll", wrap)
 
 
 def apply_trainer_patches() -> None:
@@ -319,23 +329,21 @@ def flash_attn_installed() -> bool:
 
 def _varlen_default_attention(model_config) -> None:
     require_supported_verl()
-    config_cls = model_config.HFModelConfig
-    original = config_cls.__post_init__
-    if getattr(original, "_hybrid_engine_varlen", False):
-        return
 
-    @functools.wraps(original)
-    def __post_init__(self):
-        # lazy: transformers' attention registry; only a process that builds a model config needs it
-        from recipes.verl_ext.plugin.varlen_attention import NAME
+    def wrap(original):
+        @functools.wraps(original)
+        def __post_init__(self):
+            # lazy: transformers' attention registry; only a process that builds a model config needs it
+            from recipes.verl_ext.plugin.varlen_attention import NAME
 
-        _register_varlen_attention()
-        if "attn_implementation" not in self.override_config:  # what verl would read as flash_attention_2
-            self.override_config["attn_implementation"] = NAME  # in place: the field is frozen
-        original(self)
+            _register_varlen_attention()
+            if "attn_implementation" not in self.override_config:  # what verl would read as flash_attention_2
+                self.override_config["attn_implementation"] = NAME  # in place: the field is frozen
+            original(self)
 
-    __post_init__._hybrid_engine_varlen = True
-    config_cls.__post_init__ = __post_init__
+        return __post_init__
+
+    _wrap_once(model_config.HFModelConfig, "__post_init__", "_hybrid_engine_varlen", wrap)
 
 
 def apply_flash_attn_fallbacks() -> None:
