@@ -88,3 +88,15 @@ def test_the_tiny_task_takes_fixed_batching_on_one_device(recipe, where):
     actor = checked.cfg.actor_rollout_ref.actor
     assert actor.use_dynamic_bsz is False
     assert 8 * checked.cfg.actor_rollout_ref.rollout.n % actor.ppo_micro_batch_size_per_gpu == 0
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_the_embedded_default_with_fixed_batching_validates_on_the_command_line(recipe, tmp_path):
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", f"recipes.{recipe}", "batching=fixed", "action=validate", f"hydra.run.dir={tmp_path}"]
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "config OK" in run.stderr + run.stdout and "Traceback" not in run.stderr
+    assert (tmp_path / "resolved_config.yaml").is_file()
