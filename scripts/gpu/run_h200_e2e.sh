@@ -14,7 +14,7 @@
 # KL controller's saved state. Parts:
 #   grpo, grpo_resume, kl_ppo, kl_ppo_resume   the tiny model and task (default PARTS)
 #   batching    GRPO with batching=fixed, then batching=dynamic, same everything else (BATCHING_MODEL=qwen2_5_0_5b:
-#               that model instead of the tiny one)
+#               that model instead of the tiny one); batching_fixed or batching_dynamic: that arm alone
 #   qwen05b     GRPO with model=qwen2_5_0_5b (random weights of the shipped architecture) for speed
 #
 # Needs one CUDA GPU, torch and transformers. Where Ray, verl and the rest are missing (a GPU machine without
@@ -139,13 +139,13 @@ for recipe in grpo kl_ppo; do
       --json "$WORK/figures/${recipe}_resume_check.json" 2>&1 | tee -a "$LOG"
   fi
 done
-if has batching; then
-  for mode in fixed dynamic; do
+for mode in fixed dynamic; do
+  if has batching || has batching_$mode; then
     # shellcheck disable=SC2046
     run grpo_batching_$mode grpo $(base | sed "s#model=tiny#$(model_args "${BATCHING_MODEL:-tiny}")#") \
       batching=$mode trainer.save_freq=-1
-  done
-fi
+  fi
+done
 if has qwen05b; then
   # shellcheck disable=SC2046
   run grpo_qwen05b grpo $(base | sed "s#model=tiny#$(model_args qwen2_5_0_5b)#") trainer.save_freq=-1 ${QWEN_ARGS:-}
