@@ -21,8 +21,13 @@ REWARD_KEYS = ("critic/score/mean", "critic/rewards/mean")
 # the KL to the reference policy: loss-side (GRPO, use_kl_loss) or in-reward (KL-PPO, use_kl_in_reward); the default
 # of the kl_mean band's keys (conf/monitor/default.yaml), which the recipes pass in
 KL_KEYS = ("actor/kl_loss", "actor/reward_kl_penalty")
-# the coefficient on that KL: the pack's loss-side controller, or verl's in-reward controller
-KL_COEF_KEYS = ("kl_control/loss_coef", "actor/reward_kl_penalty_coeff", "actor/kl_coef")
+# the coefficient that weighs each KL: the pack's loss-side controller's (or verl's own) for the loss-side KL, verl's
+# in-reward controller's for the in-reward KL. A KL-PPO step also logs the loss-side coefficient, unused there: a KL is
+# shown with its own coefficient, never with the first one found.
+KL_COEF_KEYS = {
+    "actor/kl_loss": ("kl_control/loss_coef", "actor/kl_coef"),
+    "actor/reward_kl_penalty": ("actor/reward_kl_penalty_coeff",),
+}
 ENTROPY_KEYS = ("actor/entropy",)
 STEP_TIME_KEYS = ("timing_s/step",)
 
@@ -32,6 +37,15 @@ def first(metrics: dict, keys: tuple[str, ...]):
         if key in metrics and metrics[key] is not None:
             return float(metrics[key])
     return None
+
+
+def kl_with_coef(metrics: dict, kl_keys: tuple[str, ...] = KL_KEYS) -> tuple[float | None, float | None]:
+    """(KL, its coefficient) of one step: the first of ``kl_keys`` present, and the coefficient that weighs that KL
+    (None for a KL key with no known coefficient)."""
+    for key in kl_keys:
+        if metrics.get(key) is not None:
+            return float(metrics[key]), first(metrics, KL_COEF_KEYS.get(key, ()))
+    return None, None
 
 
 def read_metrics(path: Path) -> list[tuple[int, dict]]:
@@ -59,7 +73,7 @@ def final_metrics(run_dir: Path, kl_keys: tuple[str, ...] = KL_KEYS) -> tuple[fl
 
 def progress_line(step: int, total: int | None, metrics: dict, kl_keys: tuple[str, ...] = KL_KEYS) -> str:
     parts = [f"step {step}/{total}" if total else f"step {step}"]
-    reward, kl, coef = first(metrics, REWARD_KEYS), first(metrics, kl_keys), first(metrics, KL_COEF_KEYS)
+    reward, (kl, coef) = first(metrics, REWARD_KEYS), kl_with_coef(metrics, kl_keys)
     if reward is not None:
         parts.append(f"reward {reward:+.3f}")
     if kl is not None:
@@ -121,8 +135,9 @@ def plot_metrics(metrics_path: Path, png_path: Path, title: str = "", kl_keys: t
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # lazy: must follow matplotlib.use("Agg") (no display on a training node)
 
+    kl_used = next((k for k in kl_keys if any(k in m for _, m in rows)), None)
     panels = [("reward", REWARD_KEYS), ("KL to the reference", kl_keys), ("entropy", ENTROPY_KEYS),
-              ("KL coefficient", KL_COEF_KEYS)]
+              ("KL coefficient", KL_COEF_KEYS.get(kl_used, ("kl_control/loss_coef",)))]
     fig, axes = plt.subplots(1, 4, figsize=(15, 3.4))
     for ax, (label, keys) in zip(axes, panels, strict=True):
         points = [(step, first(m, keys)) for step, m in rows if first(m, keys) is not None]

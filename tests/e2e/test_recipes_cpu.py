@@ -92,6 +92,12 @@ def test_kl_ppo_trains_the_critic_with_kl_in_the_reward(kl_ppo):
     penalty = kl_ppo.series("actor/reward_kl_penalty")
     # the in-reward estimate (log-ratio, k1) is 0 at step 1 and a batch mean after: it can dip below 0 on one step
     assert penalty[0] == pytest.approx(0, abs=1e-6) and max(penalty[1:]) > 1e-3, f"in-reward KL per step: {penalty}"
+    # the terminal shows that KL with the coefficient verl's in-reward controller applied, not the loss-side one the
+    # step also logs (unused in KL-PPO, constant here while the in-reward one moves)
+    coef, loss_coef = kl_ppo.series("actor/reward_kl_penalty_coeff"), kl_ppo.series("kl_control/loss_coef")
+    assert f"{coef[-1]:.4g}" != f"{loss_coef[-1]:.4g}", (coef, loss_coef)
+    step_lines = [line for line in kl_ppo.stdout.splitlines() if line.startswith("step ")]
+    assert len(step_lines) == 4 and f"kl {penalty[-1]:.4f} (coef {coef[-1]:.4g})" in step_lines[-1], step_lines
     assert_rollout_is_the_actor(kl_ppo)
 
 
