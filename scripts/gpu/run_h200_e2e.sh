@@ -4,6 +4,7 @@
 #   bash scripts/gpu/run_h200_e2e.sh OUTDIR          # default OUTDIR: runs/gpu_e2e
 #   PARTS="grpo grpo_resume kl_ppo kl_ppo_resume batching qwen05b" bash scripts/gpu/run_h200_e2e.sh OUTDIR
 #   STEPS=20 SAVE=10 EXTRA="key=value ..." bash scripts/gpu/run_h200_e2e.sh OUTDIR   # EXTRA replaces the default
+#   KL=ramp (the kl group of every run; default adaptive, so that a resume has a controller state to restore)
 #   RUN_TIMEOUT=420 (s per run; measured 2026-12-01: ~55 s Ray + TaskRunner start, ~35 s first step, ~4 s a step)
 #
 # Each run is `python -m recipes.<recipe> cluster=h200_141g cluster.gpus_per_node=1 parallel=tp1 rollout=hf
@@ -73,7 +74,7 @@ LOG=$OUTDIR/e2e.log
 } >"$OUTDIR/env.txt" 2>&1
 head -6 "$OUTDIR/env.txt"
 
-COMMON=(cluster=h200_141g cluster.gpus_per_node=1 parallel=tp1 rollout=hf model=tiny task=tiny kl=adaptive)
+COMMON=(cluster=h200_141g cluster.gpus_per_node=1 parallel=tp1 rollout=hf model=tiny task=tiny kl=${KL:-adaptive})
 
 diagnose() {
   echo "##### $1 after ${DIAG_AFTER}s: ray status"; timeout 20 $PY -m ray.scripts.scripts status 2>&1 | tail -40
