@@ -35,6 +35,7 @@ from recipes.schema import PackConfig, check_schema, depends_on, resolve
 from recipes.verl_ext import api as verl
 from recipes.verl_ext import types as verl_types
 from recipes.verl_ext.stability.entropy import entropy_warnings
+from recipes.verl_ext.stability.kl_control import MAX_ERROR, one_step_factors
 
 FSDP_STRATEGIES = FSDP_FAMILY
 
@@ -411,6 +412,7 @@ def check(cfg: DictConfig, *, run_verl: bool = True) -> ValidatedRun:
     use_critic, use_ref = _safe(lambda: verl.roles(cfg), (False, False))
     arch = load_model_arch(cfg, problems, warnings)
     warnings.extend(entropy_warnings(cfg))  # entropy=clip_cov|kl_cov under strictly on-policy updates
+    warnings.extend(_kl_rate_warnings(cfg))  # a horizon so short that one step can flip a KL coefficient's sign
     if train is not None:
         _check_batches(cfg, train, use_critic, problems)
         _check_token_budgets(cfg, train, use_critic, use_ref, problems, warnings)
@@ -480,6 +482,32 @@ def _merge(problems: list[str], cfg: DictConfig, lines) -> None:
             continue
         problems.append(line)
         named.add(key)
+
+
+def _kl_rate_warnings(cfg) -> list[str]:
+    """One warning where a KL coefficient moved by verl's proportional rule (the in-reward one, or the pack's
+    loss-side one) can reach 0 or below in one step: ``algorithm.kl_ctrl.horizon`` too short for the step's
+    sequences. verl accepts such a horizon, and so does the pack; the warning says what it does."""
+    in_reward = (OmegaConf.select(cfg, "algorithm.use_kl_in_reward", default=False) is True
+                 and OmegaConf.select(cfg, "algorithm.kl_ctrl.type", default=None) == "adaptive")
+    loss_side = (OmegaConf.select(cfg, "actor_rollout_ref.actor.use_kl_loss", default=False) is True
+                 and OmegaConf.select(cfg, "kl.mode", default=None) in ("adaptive", "ramp"))
+    values = _safe(lambda: (int(OmegaConf.select(cfg, "data.train_batch_size")),
+                            int(OmegaConf.select(cfg, "actor_rollout_ref.rollout.n")),
+                            float(OmegaConf.select(cfg, "algorithm.kl_ctrl.horizon"))), None)
+    if not (in_reward or loss_side) or values is None or values[2] <= 0:
+        return []
+    prompts, samples, horizon = values
+    n = prompts * samples
+    low, high = one_step_factors(n, horizon)
+    if low > 0:
+        return []
+    which = "in-reward" if in_reward else "loss-side"
+    return [f"algorithm.kl_ctrl.horizon: {horizon:g} against {n} sequences a step (data.train_batch_size {prompts} x "
+            f"actor_rollout_ref.rollout.n {samples}): one step of the adaptive rule multiplies the {which} KL "
+            f"coefficient by 1 +- {MAX_ERROR:g} * {n}/{horizon:g}, between {low:.3g} and {high:.3g}, so a KL far below "
+            f"its target sets it to 0 or below (a reward for leaving the reference); a horizon above "
+            f"{n / MAX_ERROR:g} keeps it positive"]
 
 
 def _safe(fn, default):

@@ -78,10 +78,22 @@ def ramp_target(step: int, start: float, end: float, steps: int) -> float:
     return start + (end - start) * min(step, steps) / steps
 
 
+MAX_ERROR = 0.2
+"""the rule's clip on the proportional error, ``kl / target - 1``"""
+
+
 def proportional_update(coef: float, kl: float, target: float, n: int, horizon: float) -> float:
     """verl's AdaptiveKLController rule (Ziegler et al. 2019), applied to any coefficient."""
-    error = min(max(kl / target - 1.0, -0.2), 0.2)
+    error = min(max(kl / target - 1.0, -MAX_ERROR), MAX_ERROR)
     return coef * (1.0 + error * n / horizon)
+
+
+def one_step_factors(n: int, horizon: float) -> tuple[float, float]:
+    """The least and the greatest factor one step of :func:`proportional_update` can multiply a coefficient by, with
+    ``n`` sequences a step. The least is 0 or below once ``n >= horizon / MAX_ERROR``: a KL measured far below its
+    target then zeroes the coefficient or flips its sign (a reward for leaving the reference)."""
+    step = MAX_ERROR * n / horizon
+    return 1.0 - step, 1.0 + step
 
 
 @dataclass(kw_only=True, slots=True)

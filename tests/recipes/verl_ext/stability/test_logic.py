@@ -11,7 +11,13 @@ from recipes.verl_ext.stability.bands import BandTally, RollbackRule, bands_from
 from recipes.verl_ext.stability.entropy import entropy_warnings
 from recipes.verl_ext.stability.faults import classify, exit_description
 from recipes.verl_ext.stability.guard import KLGuard, scalar
-from recipes.verl_ext.stability.kl_control import KLControl, KLSettings, proportional_update, ramp_target
+from recipes.verl_ext.stability.kl_control import (
+    KLControl,
+    KLSettings,
+    one_step_factors,
+    proportional_update,
+    ramp_target,
+)
 from recipes.verl_ext.stability.rollback import degrade
 
 
@@ -133,6 +139,17 @@ def test_failure_reasons_come_from_the_exception_types_not_the_words():
     assert classify("", exitcode=1) == "error"
 
 
+def test_one_step_factors_are_the_rules_extremes():
+    # 160 sequences over a horizon of 40: the rule's step is 0.2 * 4 = 0.8 (the 0.5B GPU run's 0.2x a step)
+    low, high = one_step_factors(160, 40.0)
+    assert (low, high) == pytest.approx((0.2, 1.8))
+    assert proportional_update(1.0, 0.0, 0.1, 160, 40.0) == pytest.approx(low)  # KL far below the target
+    assert proportional_update(1.0, 9.9, 0.1, 160, 40.0) == pytest.approx(high)  # far above
+    # from n = horizon / 0.2 on, a KL below its target zeroes the coefficient or flips its sign
+    assert one_step_factors(200, 40.0)[0] == pytest.approx(0.0)
+    assert proportional_update(1.0, 0.0, 0.1, 256, 40.0) == pytest.approx(-0.28)
+
+
 def test_entropy_warning_only_on_policy():
     assert entropy_warnings(_cfg("entropy=clip_cov")) and entropy_warnings(_cfg("entropy=kl_cov"))
     assert not entropy_warnings(_cfg("entropy=none"))
@@ -164,3 +181,19 @@ def test_the_demos_normal_kl_rise_does_not_roll_back_but_a_gradient_blow_up_does
     assert found[:2] == [None, None]
     assert found[2] == "3 steps in a row outside a band at step 23: grad_norm 9 above 1"
     assert RollbackRule(rule.bands, 0).check({"actor/grad_norm": float("nan")}, 1) is None  # stability=off
+
+
+def test_a_horizon_that_can_flip_the_coefficient_is_accepted_with_a_warning(recipe_cli, tmp_path):
+    """verl 0.9.1 accepts the task's horizon of 40 with 256 sequences a step, and so does the pack (exit 0); stderr
+    says that one step can take the in-reward coefficient to 0.2 * 256/40 below 1, and which horizon keeps it
+    positive. The task's own batch gets no such line."""
+    warned = recipe_cli("kl_ppo", "data.train_batch_size=256", "action=validate", cwd=tmp_path, timeout=300)
+    assert warned.returncode == 0, warned.stderr[-2000:]
+    assert warned.stdout.startswith("config OK: ")
+    (line,) = [x for x in warned.stderr.splitlines() if x.startswith("warning: algorithm.kl_ctrl.horizon")]
+    assert line.startswith("warning: algorithm.kl_ctrl.horizon: 40 against 256 sequences a step (data.train_batch_size "
+                           "256 x actor_rollout_ref.rollout.n 1): one step of the adaptive rule multiplies the "
+                           "in-reward KL coefficient by 1 +- 0.2 * 256/40, between -0.28 and 2.28")
+    assert line.endswith("a horizon above 1280 keeps it positive")
+    quiet = recipe_cli("kl_ppo", "action=validate", cwd=tmp_path, timeout=300)
+    assert quiet.returncode == 0 and "kl_ctrl.horizon" not in quiet.stderr, quiet.stderr[-2000:]
