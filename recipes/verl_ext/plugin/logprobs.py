@@ -3,8 +3,8 @@
 verl 0.9.1's ``verl.utils.torch_functional.logprobs_from_logits`` uses flash-attn's Triton cross-entropy where the
 package is installed and otherwise ``logprobs_from_logits_v2``, a Python loop over every row: on the packed
 ``(tokens, vocab)`` logits of an update that is one ``log_softmax`` launch per token. On an H200 without flash-attn
-that loop made verl's actor passes 4x slower (docs/performance.md, dynamic batch, run 2), and the 0.5B shape's
-end-to-end step spent 8.3 s in the actor update (docs/gpu_e2e.md, call 11). :func:`chunked_logprobs` computes
+that loop made verl's actor passes 4x slower at 289k tokens a batch (docs/performance.md, dynamic batch, run 2); at a
+few thousand tokens a step it costs little (docs/gpu_e2e.md, call 13). :func:`chunked_logprobs` computes
 ``logit[label] - logsumexp(logits)`` in fp32, ``CHUNK`` rows at a time, and keeps flash-attn's memory behaviour:
 with ``inplace_backward`` (what verl asks for unless it also takes the entropy from the same logits) the gradient is
 written into the logits' own storage, so no copy of the logits is kept for backward; without it the gradient is a
