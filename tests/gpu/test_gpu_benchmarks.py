@@ -60,6 +60,50 @@ def test_varlen_attention_packed_and_padded_match_one_sequence_at_a_time():
         assert (out[5:14] - reference[1]).abs().max().item() > 1e-2
 
 
+def test_packed_bounds_are_found_once_per_forward_and_never_reused_stale(monkeypatch):
+    """The layers of one forward (and gradient checkpointing's recompute) share position_ids: the bounds are found
+    once, not in each of the 2 layers. Another packing, or the same tensor changed in place, is found afresh, and the
+    logits still match the sequences run one at a time."""
+    varlen_attention.register()
+    calls = []
+    find = varlen_attention._cu_seqlens_from_positions
+    monkeypatch.setattr(varlen_attention, "_cu_seqlens_from_positions", lambda *a: calls.append(1) or find(*a))
+    model = _tiny_model(varlen_attention.NAME)
+
+    def packed(lengths):
+        seqs = [torch.randint(0, 512, (n,), generator=torch.Generator().manual_seed(n)) for n in lengths]
+        return seqs, torch.cat(seqs)[None], torch.cat([torch.arange(n) for n in lengths])[None]
+
+    def errors(out, seqs):
+        with torch.no_grad():
+            model.config._attn_implementation = "sdpa"
+            refs = [model(input_ids=s[None]).logits[0] for s in seqs]
+            model.config._attn_implementation = varlen_attention.NAME
+        starts = [sum(len(x) for x in seqs[:i]) for i in range(len(seqs))]
+        return max((out[st : st + len(r)] - r).abs().max().item() for st, r in zip(starts, refs, strict=True))
+
+    seqs, ids, positions = packed([5, 9, 3])
+    with torch.no_grad():
+        out = model(input_ids=ids, position_ids=positions).logits[0]
+    assert len(calls) == 1 and errors(out, seqs) < 1e-5
+    seqs, ids, positions = packed([4, 4, 9])  # same total, other bounds: found afresh
+    with torch.no_grad():
+        out = model(input_ids=ids, position_ids=positions).logits[0]
+    assert len(calls) == 2 and errors(out, seqs) < 1e-5
+    positions[0, 4:8] = torch.arange(4, 8)  # in place: now sequences of 8 and 9
+    with torch.no_grad():
+        out = model(input_ids=ids, position_ids=positions).logits[0]
+    assert len(calls) == 3 and errors(out, [ids[0, :8], ids[0, 8:]]) < 1e-5
+    model.train()
+    model.gradient_checkpointing_enable()
+    model(input_ids=ids, position_ids=positions.clone()).logits.float().square().mean().backward()
+    assert len(calls) == 4  # forward and recompute: once
+    monkeypatch.setattr(varlen_attention, "CACHE_BOUNDS", False)
+    with torch.no_grad():
+        uncached = model(input_ids=ids, position_ids=positions).logits[0]
+    assert len(calls) == 4 + model.config.num_hidden_layers and errors(uncached, [ids[0, :8], ids[0, 8:]]) < 1e-5
+
+
 def test_varlen_self_check_on_cpu():
     check = varlen_attention.self_check(torch.device("cpu"))
     assert check["forward_rel_error"] < 1e-2 and check["grad_q_rel_error"] < 1e-2
@@ -155,3 +199,19 @@ def test_dynamic_batch_on_gpu_tiny(tmp_path):
     result = json.loads(out.read_text())
     assert set(result["arms"]) == {"fixed", "dynamic"}
     assert result["log_prob_agreement"]["max_abs_diff"] < 0.1
+
+
+def test_micro_batch_benchmark_runs_every_arm_at_every_size(tmp_path):
+    """scripts/gpu/bench_micro_batch.py on the tiny shape on the CPU: every arm at both sizes, its table on stdout,
+    the same figures in its JSON."""
+    out = tmp_path / "micro_batch.json"
+    args = ["--model", "tiny", "--device", "cpu", "--tokens", "48,96", "--seq-len", "24", "--warmup", "0", "--repeat", "1"]
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "bench_micro_batch.py"), *args, "--json", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["arm"], r["tokens"], r["sequences"]) for r in rows] == [
+        (arm, tokens, tokens // 24) for tokens in (48, 96) for arm in ("once", "per_layer", "once_no_checkpointing")]
+    assert all(r["median_s"] > 0 and r["tokens_per_s"] == pytest.approx(r["tokens"] / r["median_s"]) for r in rows)
+    table = [line.split() for line in proc.stdout.splitlines() if line.startswith(("once", "per_layer"))]
+    assert [(t[0], int(t[1])) for t in table] == [(r["arm"], r["tokens"]) for r in rows]

@@ -21,6 +21,7 @@ attention of any model config that names none (``patches.apply_flash_attn_fallba
 from __future__ import annotations
 
 import inspect
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +32,11 @@ _VARLEN = None
 _VARLEN_KW: dict = {}
 _GQA_NATIVE = False
 KERNEL = "unregistered"
+CACHE_BOUNDS = True
+"""Find a packed micro-batch's sequence bounds once per forward, not in every layer: the layers share one
+``position_ids`` tensor, and finding the bounds waits for the GPU three times (``bench_micro_batch.py`` turns it off
+for its comparison arm)."""
+_bounds: tuple | None = None  # (weak reference to position_ids, its version, total, cu_seqlens, max length)
 
 
 def _setup_varlen() -> None:
@@ -70,6 +76,19 @@ def _cu_seqlens_from_positions(position_ids: torch.Tensor, total: int) -> torch.
     if starts.numel() == 0 or int(starts[0]) != 0:
         starts = torch.cat([starts.new_zeros(1), starts])
     return torch.cat([starts, starts.new_tensor([total])]).to(torch.int32)
+
+
+def _packed_bounds(position_ids: torch.Tensor, total: int) -> tuple[torch.Tensor, int]:
+    """(cu_seqlens, longest sequence) of a packed row; the last answer again while the same tensor, unchanged in
+    place (its version), is asked about (every layer of one forward, and gradient checkpointing's recompute)."""
+    global _bounds
+    held = _bounds
+    if CACHE_BOUNDS and held is not None and held[0]() is position_ids and held[1:3] == (position_ids._version, total):
+        return held[3], held[4]
+    cu = _cu_seqlens_from_positions(position_ids, total)
+    max_len = int((cu[1:] - cu[:-1]).max())
+    _bounds = (weakref.ref(position_ids), position_ids._version, total, cu, max_len) if CACHE_BOUNDS else None
+    return cu, max_len
 
 
 def _varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int, scale) -> torch.Tensor:
@@ -123,8 +142,7 @@ def pack_varlen_attention(
         full.index_copy_(0, index, out)
         return full.reshape(batch, seq, heads, dim), None
     if batch == 1 and position_ids is not None:
-        cu = _cu_seqlens_from_positions(position_ids, seq)
-        max_len = int((cu[1:] - cu[:-1]).max())
+        cu, max_len = _packed_bounds(position_ids, seq)
         out = _varlen(q[0], k[0], v[0], cu, max_len, scaling)
         return out.unsqueeze(0), None
     cu = torch.arange(0, (batch + 1) * seq, seq, dtype=torch.int32, device=q.device)
