@@ -205,7 +205,8 @@ def test_micro_batch_benchmark_runs_every_arm_at_every_size(tmp_path):
     """scripts/gpu/bench_micro_batch.py on the tiny shape on the CPU: every arm at both sizes, its table on stdout,
     the same figures in its JSON."""
     out = tmp_path / "micro_batch.json"
-    args = ["--model", "tiny", "--device", "cpu", "--tokens", "48,96", "--seq-len", "24", "--warmup", "0", "--repeat", "1"]
+    args = ["--model", "tiny", "--device", "cpu", "--tokens", "48,96", "--seq-len", "24", "--warmup", "0",
+            "--repeat", "1"]
     proc = subprocess.run([sys.executable, str(SCRIPTS / "bench_micro_batch.py"), *args, "--json", str(out)],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
