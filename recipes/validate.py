@@ -35,7 +35,7 @@ from recipes.schema import PackConfig, check_schema, depends_on, resolve
 from recipes.verl_ext import api as verl
 from recipes.verl_ext import types as verl_types
 from recipes.verl_ext.stability.entropy import entropy_warnings
-from recipes.verl_ext.stability.kl_control import MAX_ERROR, one_step_factors
+from recipes.verl_ext.stability.kl_control import MAX_ERROR, one_step_factors, sequences_per_step
 
 FSDP_STRATEGIES = FSDP_FAMILY
 
@@ -492,13 +492,11 @@ def _kl_rate_warnings(cfg) -> list[str]:
                  and OmegaConf.select(cfg, "algorithm.kl_ctrl.type", default=None) == "adaptive")
     loss_side = (OmegaConf.select(cfg, "actor_rollout_ref.actor.use_kl_loss", default=False) is True
                  and OmegaConf.select(cfg, "kl.mode", default=None) in ("adaptive", "ramp"))
-    values = _safe(lambda: (int(OmegaConf.select(cfg, "data.train_batch_size")),
-                            int(OmegaConf.select(cfg, "actor_rollout_ref.rollout.n")),
-                            float(OmegaConf.select(cfg, "algorithm.kl_ctrl.horizon"))), None)
-    if not (in_reward or loss_side) or values is None or values[2] <= 0:
+    values = _safe(lambda: (sequences_per_step(cfg), float(OmegaConf.select(cfg, "algorithm.kl_ctrl.horizon"))), None)
+    if not (in_reward or loss_side) or values is None or values[1] <= 0:
         return []
-    prompts, samples, horizon = values
-    n = prompts * samples
+    n, horizon = values
+    prompts, samples = cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n
     low, high = one_step_factors(n, horizon)
     if low > 0:
         return []

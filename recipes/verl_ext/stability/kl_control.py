@@ -88,6 +88,12 @@ def proportional_update(coef: float, kl: float, target: float, n: int, horizon: 
     return coef * (1.0 + error * n / horizon)
 
 
+def sequences_per_step(cfg) -> int:
+    """``n`` of :func:`proportional_update` for a run: prompts a step times samples a prompt, as the trainer passes it
+    to :meth:`KLControl.update` (verl's own controller is given the batch's length, the same number)."""
+    return int(cfg.data.train_batch_size) * int(cfg.actor_rollout_ref.rollout.n)
+
+
 def one_step_factors(n: int, horizon: float) -> tuple[float, float]:
     """The least and the greatest factor one step of :func:`proportional_update` can multiply a coefficient by, with
     ``n`` sequences a step. The least is 0 or below once ``n >= horizon / MAX_ERROR``: a KL measured far below its

@@ -27,7 +27,7 @@ from recipes.checkpoints import mark_complete
 from recipes.schema import Stability, load_section
 from recipes.verl_ext.stability.bands import RollbackRule, bands_from_config
 from recipes.verl_ext.stability.guard import GUARD_KEY, INJECT_KEY, KL_COEF_KEY, METRICS
-from recipes.verl_ext.stability.kl_control import KLControl, KLSettings
+from recipes.verl_ext.stability.kl_control import KLControl, KLSettings, sequences_per_step
 
 logger = logging.getLogger(__name__)
 
@@ -93,8 +93,7 @@ class StabilityTrainer(PPOTrainerSync):
         if reward_ctrl is not None:
             self.kl_control.state.reward_coef = float(reward_ctrl.value)
         measured = metrics.get("actor/kl_loss")
-        n_sequences = self.config.data.train_batch_size * self.config.actor_rollout_ref.rollout.n
-        metrics.update(self.kl_control.update(self.global_steps, measured, n_sequences))
+        metrics.update(self.kl_control.update(self.global_steps, measured, sequences_per_step(self.config)))
         return batch
 
     def _inject_faults(self, metrics) -> None:
