@@ -17,7 +17,7 @@ the checksum of the full tensor the generation side holds after the sync. The co
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -87,13 +87,18 @@ def counts_here(tensor: torch.Tensor) -> bool:
     return tensor.device_mesh.get_local_rank() == 0
 
 
-def checksums(state: Mapping[str, torch.Tensor]) -> tuple[list[str], torch.Tensor]:
+def checksums(
+    state: Mapping[str, torch.Tensor], names: Sequence[str] | None = None
+) -> tuple[list[str], torch.Tensor]:
     """(names, ``[n, 3]`` int64 checksums) of full (or row-shard, see :func:`local_checksum`) tensors, stacked on
-    the first tensor's device so that one all-reduce sums the shares of every rank (then :func:`wrap`)."""
-    names = list(state)
+    the first tensor's device so that one all-reduce sums the shares of every rank (then :func:`wrap`).
+
+    ``names`` fixes the rows (default: ``state``'s keys): every rank of an all-reduce must pass the same ones when
+    the ranks hold different tensors (pipeline stages); a name this rank does not hold gets a row of zeros."""
+    names = list(state) if names is None else list(names)
     if not names:
         return names, torch.zeros(0, 3, dtype=torch.int64)
-    rows = [local_checksum(state[n]) if counts_here(state[n]) else None for n in names]
+    rows = [local_checksum(state[n]) if n in state and counts_here(state[n]) else None for n in names]
     device = next(r.device for r in rows if r is not None) if any(r is not None for r in rows) else "cpu"
     rows = [torch.zeros(3, dtype=torch.int64, device=device) if r is None else r.to(device) for r in rows]
     return names, torch.stack(rows)

@@ -50,3 +50,19 @@ def test_mismatch_and_nonfinite_name_the_tensor():
         f"{train['b.bias'][1] + 1})")
     assert first_mismatch(train, {"a.weight": train["a.weight"]}) == "b.bias: not on the generation side"
     assert nonfinite({**train, "a.weight": (0, 0, 1)}) == "a.weight holds NaN/Inf values"
+
+
+def test_checksums_over_fixed_names_give_every_rank_the_same_rows():
+    # pipeline stages hold different tensors: with the same names every rank all-reduces a [names, 3] tensor of
+    # one shape, and a tensor held on one stage only is counted once (zeros elsewhere)
+    torch.manual_seed(2)
+    first = {"a": torch.randn(4, 2), "b": torch.randn(3)}
+    second = {"c": torch.randn(5, 2)}
+    names = ["a", "b", "c"]
+    _, rows_first = checksums(first, names)
+    _, rows_second = checksums(second, names)
+    assert rows_first.shape == rows_second.shape == (3, 3)
+    assert torch.equal(rows_first[2], torch.zeros(3, dtype=torch.int64))
+    total = wrap(rows_first + rows_second)
+    for index, name in enumerate(names):
+        assert torch.equal(total[index], tensor_checksum({**first, **second}[name]))
