@@ -127,8 +127,8 @@ def worker(rank: int, world: int, args: argparse.Namespace) -> dict:
 
 def checksum_cost(resharder: Resharder, shards, device: torch.device) -> dict:
     """The sync check's cost on this rank (hybrid_engine/reshard/checksum.py): the training side (this rank's
-    shards, then one all-reduce of the [tensors, 3] sums over every rank's tensors) and the generation side (every tensor the stream yields;
-    this extra pass is not in the reshard's time)."""
+    shards, then one all-reduce of the [tensors, 3] sums over every rank's tensor names) and the generation side
+    (every tensor the stream yields; this extra pass is not in the reshard's time)."""
     held: list = [None] * dist.get_world_size()
     dist.all_gather_object(held, sorted(shards.storage))  # pipeline stages hold different tensors
     names = sorted(set().union(*held))
