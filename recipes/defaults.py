@@ -48,10 +48,22 @@ def _typed(argv: list[str], key: str) -> str | None:
     return values[-1] if values else None
 
 
-def embedded_defaults(argv: list[str], accelerator: bool) -> list[str]:
-    """The overrides to add for the embedded CPU default: none on a GPU machine or when a layout was chosen."""
+# Strategies whose verl engine needs GPUs (verl 0.9.1's Megatron workers are CUDA-only): choosing one plans for GPUs
+GPU_ONLY_STRATEGIES = ("megatron",)
+
+
+def gpu_only_strategy(argv: list[str], recipe_strategy: str | None) -> str | None:
+    """The strategy, typed or the recipe's default (a copy made with ``strategy=megatron``), when it needs GPUs."""
+    typed = _typed(argv, "strategy")
+    strategy = typed if typed is not None else recipe_strategy
+    return strategy if strategy in GPU_ONLY_STRATEGIES else None
+
+
+def embedded_defaults(argv: list[str], accelerator: bool, recipe_strategy: str | None = None) -> list[str]:
+    """The overrides to add for the embedded CPU default: none on a GPU machine, when a layout was chosen, or for a
+    strategy whose engine needs GPUs (the embedded default trains with FSDP2 on CPU)."""
     chosen = chosen_keys(argv)
     # launcher=ray: the run goes to an existing cluster, whose hardware is not this machine's (recipes/ray_jobs.py)
-    if accelerator or chooses_layout(argv) or "launcher=ray" in argv:
+    if accelerator or chooses_layout(argv) or "launcher=ray" in argv or gpu_only_strategy(argv, recipe_strategy):
         return []
     return [f"{group}={option}" for group, option in EMBEDDED_DEFAULTS.items() if group not in chosen]

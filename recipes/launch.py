@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import hydra
@@ -28,11 +29,12 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from recipes.bundle import write_record
 from recipes.compose import adopt_engine_switch, adopt_verl_primary, explain_hydra_error, refuse_shared_parts
-from recipes.confdir import conf_dir, entry_command
-from recipes.defaults import EMBEDDED_DEFAULTS, embedded_defaults, has_accelerator
+from recipes.confdir import conf_dir, entry_command, recipe_defaults
+from recipes.defaults import EMBEDDED_DEFAULTS, chooses_layout, embedded_defaults, gpu_only_strategy, has_accelerator
 from recipes.errors import ConfigError, exit_with, report
 from recipes.finalize import finalize
 from recipes.help import SCRIPTS, help_topic, print_help
+from recipes.needs import missing_packages, train_problems
 from recipes.overrides import has_hydra_flags
 from recipes.ray_jobs import preflight, submit_from_hydra
 from recipes.resolvers import register_resolvers
@@ -64,10 +66,14 @@ def run_recipe(recipe: str, argv: list[str] | None = None) -> None:
     except ConfigError as error:
         exit_with(error)
     notices += engine_notes
-    added = embedded_defaults(argv, has_accelerator())
+    accelerator, recipe_strategy = has_accelerator(), recipe_defaults(recipe).get("strategy")
+    added = embedded_defaults(argv, accelerator, recipe_strategy)
     if added:
         notices.append(f"no GPU found: embedded CPU defaults {' '.join(added)} "
                        "(choose parallel=/cluster= to plan for GPUs)")
+    elif not accelerator and not chooses_layout(argv) and gpu_only_strategy(argv, recipe_strategy):
+        notices.append(f"no GPU found: strategy={gpu_only_strategy(argv, recipe_strategy)} plans for the recipe's GPU "
+                       "cluster (verl's Megatron engine needs GPUs; strategy=fsdp2 runs the embedded CPU default)")
     if has_hydra_flags(argv):
         for line in notices:
             print(line, file=sys.stderr)
@@ -236,7 +242,21 @@ def checked_run(cfg: DictConfig) -> ValidatedRun:
     else:
         run = validate(cfg)
     preflight(run.cfg)  # launcher=ray action=train: the cluster answers
-    return run
+    return machine_needs(run, action)
+
+
+def machine_needs(run: ValidatedRun, action: str) -> ValidatedRun:
+    """``action=train`` here (launcher=local) stops on an engine package that is not importable or a GPU layout
+    this machine cannot hold (recipes/needs.py); validate and plan only note a missing package."""
+    if OmegaConf.select(run.cfg, "launcher.name") == "ray":
+        return run  # the cluster runs this same flow with launcher=local, and checks there
+    if action == "train":
+        problems = train_problems(run.cfg)
+        if problems:
+            raise ConfigError(problems)
+        return run
+    notes = tuple(f"note: {line}" for line in missing_packages(run.cfg))
+    return replace(run, warnings=run.warnings + notes) if notes else run
 
 
 def perform(run: ValidatedRun) -> None:

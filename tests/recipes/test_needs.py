@@ -1,0 +1,84 @@
+"""What a training run needs from this machine (recipes/needs.py), as a user meets it through the CLI: a GPU layout
+on a machine without GPUs or a cluster to join, and an engine whose package is missing, stop ``action=train`` with
+one line each before Ray starts, leaving no folder; ``action=validate`` notes a missing package and passes;
+``strategy=megatron`` (typed, or a copy's default) plans for GPUs instead of mixing into the FSDP2 CPU default."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+
+from recipes.needs import gpu_shortfall, importable, missing_packages
+
+needs_cpu_only = pytest.mark.skipif(importable("vllm") or importable("megatron.core"),
+                                    reason="vllm or megatron-core is installed here")
+
+
+@needs_cpu_only
+def test_gpu_layout_and_missing_vllm_stop_train_at_once(tmp_path, recipe_cli, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    proc = recipe_cli("grpo", "parallel=tp1", "model=tiny", "task=tiny", cwd=tmp_path, timeout=120,
+                      env={"RAY_TMPDIR": str(tmp_path / "no_ray")})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "2 config errors:" in proc.stderr and "Traceback" not in proc.stderr
+    assert ("actor_rollout_ref.rollout.name=vllm: training needs vLLM (vllm==0.24.0, as verl 0.9.1 pins it); not "
+            "importable here (vllm): pip install 'klppo-recipes[vllm]'") in proc.stderr
+    assert ("trainer.n_gpus_per_node: this run needs trainer.nnodes(1) * trainer.n_gpus_per_node(8) = 8 GPUs; this "
+            "machine has 0") in proc.stderr
+    assert "training:" not in proc.stdout
+    assert [p.name for p in tmp_path.iterdir()] == []  # no run folder, Ray not started
+
+
+@needs_cpu_only
+def test_megatron_validates_on_a_cpu_machine_as_a_gpu_plan_with_a_note(tmp_path, recipe_cli):
+    proc = recipe_cli("kl_ppo", "strategy=megatron", "parallel=tp1", "model=qwen2_5_0_5b", "action=validate",
+                      cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("config OK: megatron train dp8 tp1")
+    assert ("note: strategy.name=megatron: training needs megatron-core and mbridge; not importable here "
+            "(megatron.core, mbridge): pip install 'klppo-recipes[megatron]'") in proc.stderr
+
+
+@needs_cpu_only
+def test_a_copy_made_with_strategy_megatron_validates_on_a_cpu_machine(tmp_path, recipe_cli):
+    import subprocess
+
+    from tests.conftest import checkout_env
+
+    team = tmp_path / "team"
+    made = subprocess.run([sys.executable, "-m", "recipes.copy", "grpo", str(team), "parallel=tp8",
+                           "strategy=megatron"], capture_output=True, text=True, env=checkout_env(), timeout=120)
+    assert made.returncode == 0, made.stderr
+    proc = recipe_cli(team / "grpo.py", "action=validate", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "McoreActorConfig" not in proc.stderr
+    assert proc.stdout.startswith("config OK: megatron train dp1 tp8 pp1")
+    assert "no GPU found: strategy=megatron plans for the recipe's GPU cluster" in proc.stderr
+
+
+def test_a_cpu_run_or_a_cluster_to_join_needs_no_local_gpus(monkeypatch, tmp_path):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    cfg = OmegaConf.create({"trainer": {"device": "cuda", "nnodes": 2, "n_gpus_per_node": 4}})
+    line = gpu_shortfall(cfg, gpus_here=4)
+    assert line and "trainer.nnodes(2) * trainer.n_gpus_per_node(4) = 8 GPUs; this machine has 4" in line
+    assert "embedded CPU default" not in line  # a GPU machine: the CPU default is not the way out
+    assert gpu_shortfall(OmegaConf.merge(cfg, {"ray_kwargs": {"ray_init": {"address": "head:6379"}}}), 0) is None
+    assert gpu_shortfall(OmegaConf.create({"trainer": {"device": "cpu"}}), 0) is None
+    one_node = OmegaConf.create({"trainer": {"device": "cuda", "nnodes": 1, "n_gpus_per_node": 1}})
+    assert gpu_shortfall(one_node, 1) is None
+    monkeypatch.setenv("RAY_ADDRESS", "auto")
+    assert gpu_shortfall(cfg, 0) is None
+
+
+def test_missing_packages_names_only_the_engines_the_config_uses(monkeypatch):
+    import recipes.needs as needs
+
+    monkeypatch.setattr(needs, "importable", lambda module: module != "sglang")
+    cfg = OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "sglang"}}, "strategy": {"name": "megatron"}})
+    assert missing_packages(cfg) == [
+        "actor_rollout_ref.rollout.name=sglang: training needs SGLang (sglang==0.5.12, as verl 0.9.1 pins it); not "
+        "importable here (sglang): pip install 'klppo-recipes[sglang]' (in a checkout: pip install -e '.[sglang]')"]
+    assert importable("os.path") and not importable("no_such_package_here.sub")
