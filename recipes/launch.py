@@ -66,14 +66,17 @@ def run_recipe(recipe: str, argv: list[str] | None = None) -> None:
     except ConfigError as error:
         exit_with(error)
     notices += engine_notes
-    accelerator, recipe_strategy = has_accelerator(), recipe_defaults(recipe).get("strategy")
+    accelerator = has_accelerator()
+    # the recipe's own strategy matters only without a GPU (a copy made with strategy=megatron plans for GPUs)
+    recipe_strategy = None if accelerator else recipe_defaults(recipe).get("strategy")
     added = embedded_defaults(argv, accelerator, recipe_strategy)
+    gpu_only = gpu_only_strategy(argv, recipe_strategy)
     if added:
         notices.append(f"no GPU found: embedded CPU defaults {' '.join(added)} "
                        "(choose parallel=/cluster= to plan for GPUs)")
-    elif not accelerator and not chooses_layout(argv) and gpu_only_strategy(argv, recipe_strategy):
-        notices.append(f"no GPU found: strategy={gpu_only_strategy(argv, recipe_strategy)} plans for the recipe's GPU "
-                       "cluster (verl's Megatron engine needs GPUs; strategy=fsdp2 runs the embedded CPU default)")
+    elif not accelerator and not chooses_layout(argv) and gpu_only:
+        notices.append(f"no GPU found: strategy={gpu_only} plans for the recipe's GPU cluster (verl's Megatron "
+                       "engine needs GPUs; strategy=fsdp2 runs the embedded CPU default)")
     if has_hydra_flags(argv):
         for line in notices:
             print(line, file=sys.stderr)
