@@ -53,10 +53,11 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HYDRA_FULL_ERROR=1
 export KLPPO_DATA_DIR=${KLPPO_DATA_DIR:-$WORK/data}
 if ! $PY -c "import verl, ray, hydra" 2>/dev/null && [ -f .gpu-packages/site.tar.xz ]; then
   [ -d "$WORK/site/verl" ] || xz -dc -T0 .gpu-packages/site.tar.xz | tar -xf - -C "$WORK"
-  export PYTHONPATH=$WORK/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
-else
-  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 fi
+[ -d "$WORK/site/verl" ] && export PYTHONPATH=$WORK/site${PYTHONPATH:+:$PYTHONPATH}
+# vLLM and its needs (scripts/gpu/pack_vllm.sh, staged by scripts/gpu/stage_parts.sh), before pack.sh's site
+[ -d "$WORK/vllm_site/vllm" ] && export PYTHONPATH=$WORK/vllm_site:$PYTHONPATH
+export PYTHONPATH=$PWD:$PYTHONPATH
 LOG=$OUTDIR/e2e.log
 
 {
@@ -70,11 +71,13 @@ LOG=$OUTDIR/e2e.log
   $PY -c "import sys, torch, transformers, ray, verl; print(sys.version.split()[0], 'torch', torch.__version__, \
 'cuda', torch.version.cuda, 'transformers', transformers.__version__, 'ray', ray.__version__, 'verl', verl.__version__)"
   $PY -c "import flash_attn" 2>&1 | tail -1
+  $PY -c "import vllm; print('vllm', vllm.__version__)" 2>&1 | tail -1
   $PY -m pip list --format=freeze 2>/dev/null
 } >"$OUTDIR/env.txt" 2>&1
 head -6 "$OUTDIR/env.txt"
 
-COMMON=(cluster=h200_141g cluster.gpus_per_node=1 parallel=tp1 rollout=hf model=tiny task=tiny kl=${KL:-adaptive})
+ROLLOUT=${ROLLOUT:-hf}
+COMMON=(cluster=h200_141g cluster.gpus_per_node=1 parallel=tp1 rollout=$ROLLOUT model=tiny task=tiny kl=${KL:-adaptive})
 
 diagnose() {
   echo "##### $1 after ${DIAG_AFTER}s: ray status"; timeout 20 $PY -m ray.scripts.scripts status 2>&1 | tail -40
@@ -95,6 +98,11 @@ run() {
   local dir=$WORK/runs/$name start end rc
   echo "=== $name: python -m recipes.$recipe $* ${EXTRA_ARGS[*]} hydra.run.dir=$dir ===" | tee -a "$LOG"
   start=$(date +%s.%N)
+  if [ -n "${FAILED:-}" ] && [ -n "${FAIL_FAST:-}" ]; then echo "=== $name: skipped (FAIL_FAST after $FAILED) ===" | tee -a "$LOG"; return 1; fi
+  mkdir -p "$dir"
+  # the GPU's memory in use every 0.5 s while the run lasts (the whole device: the actor and vLLM share it)
+  nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader,nounits -lms 500 >"$WORK/$name.gpu_mem.csv" 2>/dev/null &
+  local smi=$!
   timeout "$RUN_TIMEOUT" $PY -m recipes."$recipe" "$@" "${EXTRA_ARGS[@]}" hydra.run.dir="$dir" >"$WORK/$name.log" 2>&1 &
   local pid=$! waited=0
   # a run that outlasts DIAG_AFTER seconds: Ray's view of its resources and processes, once, into OUTDIR/debug.txt
@@ -105,6 +113,11 @@ run() {
   wait $pid
   rc=$?
   end=$(date +%s.%N)
+  kill $smi 2>/dev/null; cp "$WORK/$name.gpu_mem.csv" "$dir/gpu_mem.csv" 2>/dev/null
+  # what the rollout engine said of its memory, its compile and its weight loading (Ray's worker logs)
+  grep -h -a -E "KV cache|Model loading took|model weights took|Memory profiling|memory profiling|CUDA graph|torch.compile|sleep mode|Sleep mode|woke up|gpu_memory_utilization|Available KV|maximum concurrency|Using .* backend|update_weights" \
+    /tmp/ray/session_latest/logs/*.out /tmp/ray/session_latest/logs/*.err "$dir/verl.log" 2>/dev/null | cut -c1-400 | sort -u >"$dir/engine_lines.txt"
+  [ "$rc" -eq 0 ] || FAILED=${FAILED:-$name}
   grep -v -E "^\s*$" "$WORK/$name.log" | tail -40 >>"$LOG"
   echo "=== $name: exit $rc, $(awk "BEGIN{print $end - $start}") s ===" | tee -a "$LOG"
   mkdir -p "$dir" && cp "$WORK/$name.log" "$dir/run.log"
@@ -147,6 +160,18 @@ for mode in fixed dynamic; do
       batching=$mode trainer.save_freq=-1
   fi
 done
+# the 0.5B shape with ROLLOUT (default vllm here) and with hf, same everything else: generation against the stand-in
+for engine in vllm hf; do
+  if has compare || has compare_$engine; then
+    # shellcheck disable=SC2046
+    run grpo_qwen05b_$engine grpo $(base | sed "s#model=tiny#$(model_args qwen2_5_0_5b)#; s#rollout=[a-z]*#rollout=$engine#") \
+      trainer.save_freq=-1 ${QWEN_ARGS:-}
+  fi
+done
+if has kl_ppo_qwen05b; then
+  # shellcheck disable=SC2046
+  run kl_ppo_qwen05b kl_ppo $(base | sed "s#model=tiny#$(model_args qwen2_5_0_5b)#") trainer.save_freq=-1 ${QWEN_ARGS:-}
+fi
 if has qwen05b; then
   # shellcheck disable=SC2046
   run grpo_qwen05b grpo $(base | sed "s#model=tiny#$(model_args qwen2_5_0_5b)#") trainer.save_freq=-1 ${QWEN_ARGS:-}
@@ -162,6 +187,7 @@ Path(sys.argv[2]).write_text(json.dumps(runs, indent=1, sort_keys=True))
 EOF
 # every run's record, without the checkpoints' weights
 (cd "$WORK" && tar -czf "$OUTDIR/runs.tar.gz" figures $(cd "$WORK" && find runs -maxdepth 2 \( -name metrics.jsonl -o \
-  -name resolved_config.yaml -o -name run.log -o -name verl.log -o -name weight_sync.jsonl -o -name bands.json \) ) \
+  -name resolved_config.yaml -o -name run.log -o -name verl.log -o -name weight_sync.jsonl -o -name bands.json \
+  -o -name gpu_mem.csv -o -name engine_lines.txt \) ) \
   $(cd "$WORK" && find runs -path '*checkpoints/global_step_*/kl_control.json') 2>/dev/null)
 ls -la "$OUTDIR"
