@@ -34,7 +34,7 @@ from recipes.defaults import EMBEDDED_DEFAULTS, chooses_layout, embedded_default
 from recipes.errors import ConfigError, exit_with, report
 from recipes.finalize import finalize
 from recipes.help import SCRIPTS, help_topic, print_help
-from recipes.needs import missing_packages, train_problems
+from recipes.needs import column_problems, machine_notes, train_problems
 from recipes.overrides import has_hydra_flags
 from recipes.ray_jobs import preflight, submit_from_hydra
 from recipes.resolvers import register_resolvers
@@ -250,7 +250,11 @@ def checked_run(cfg: DictConfig) -> ValidatedRun:
 
 def machine_needs(run: ValidatedRun, action: str) -> ValidatedRun:
     """``action=train`` here (launcher=local) stops on an engine package that is not importable or a GPU layout
-    this machine cannot hold (recipes/needs.py); validate and plan only note a missing package."""
+    this machine cannot hold, a missing data file or a checkpoint folder it cannot write (recipes/needs.py);
+    validate and plan note them (a run can be checked here for a cluster)."""
+    columns = column_problems(run.cfg)  # a file that is here and lacks a column is wrong everywhere
+    if columns:
+        raise ConfigError(columns)
     if OmegaConf.select(run.cfg, "launcher.name") == "ray":
         return run  # the cluster runs this same flow with launcher=local, and checks there
     if action == "train":
@@ -258,7 +262,7 @@ def machine_needs(run: ValidatedRun, action: str) -> ValidatedRun:
         if problems:
             raise ConfigError(problems)
         return run
-    notes = tuple(f"note: {line}" for line in missing_packages(run.cfg))
+    notes = tuple(f"note: {line}" for line in machine_notes(run.cfg))
     return replace(run, warnings=run.warnings + notes) if notes else run
 
 

@@ -5,6 +5,9 @@
   a cluster from any machine): there a missing one is a note; ``action=train`` stops on it.
 - GPUs for a GPU layout: without a Ray cluster to join (``ray_kwargs.ray_init.address``, ``RAY_ADDRESS``, or one
   started here with ``ray start --head``), verl's workers would wait for GPUs this machine does not have, forever.
+- The data and the checkpoint folder: ``data.train_files`` and ``data.val_files`` as local files (a remote URL,
+  ``hdfs://`` or ``s3://``, is the cluster's), ``trainer.default_local_dir`` a folder this user can create and write.
+  verl reads the first at the start of its trainer and writes the second at the first save, ``save_freq`` steps in.
 
 Each finding is one line naming the key and the install command or the arithmetic.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -92,8 +96,75 @@ def gpus_here() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def local_files(value) -> list[str]:
+    """The local paths of a ``data.*_files`` value (one path or a list); URLs (``scheme://``) are left out."""
+    paths = list(value) if isinstance(value, (list, tuple)) or OmegaConf.is_list(value) else [value]
+    return [str(p) for p in paths if p is not None and "://" not in str(p)]
+
+
+def missing_data(cfg: DictConfig) -> list[str]:
+    """One line per local data file that is not a file here."""
+    lines = []
+    for key in ("data.train_files", "data.val_files"):
+        for path in local_files(OmegaConf.select(cfg, key)):
+            if not Path(path).expanduser().is_file():
+                lines.append(f"{key}: {path} is not a file on this machine (verl's RLHFDataset reads it when the "
+                             "trainer starts); make it with the task's preprocessing script, or name another")
+    return lines
+
+
+def unwritable_checkpoint_dir(cfg: DictConfig) -> str | None:
+    """One line when ``trainer.default_local_dir`` cannot be created or written by this user."""
+    value = OmegaConf.select(cfg, "trainer.default_local_dir")
+    if value is None or "://" in str(value):
+        return None
+    path = Path(str(value)).expanduser().absolute()
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is None:
+        return None
+    if not existing.is_dir():
+        return (f"trainer.default_local_dir: {path} cannot be made: {existing} is a file (verl writes its "
+                "checkpoints there)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return (f"trainer.default_local_dir: {path} cannot be {'written' if existing == path else 'made'}: this "
+                f"user may not write {existing} (verl writes its checkpoints there at the first save)")
+    return None
+
+
 def train_problems(cfg: DictConfig) -> list[str]:
     """Everything that stops ``action=train`` on this machine before Ray starts (launcher=local)."""
-    problems = missing_packages(cfg)
+    problems = missing_packages(cfg) + missing_data(cfg)
+    unwritable = unwritable_checkpoint_dir(cfg)
     shortfall = gpu_shortfall(cfg, gpus_here())
-    return problems + ([shortfall] if shortfall else [])
+    return problems + [line for line in (unwritable, shortfall) if line]
+
+
+def machine_notes(cfg: DictConfig) -> list[str]:
+    """What ``action=validate`` and ``action=plan`` say of this machine (a run may be checked here for a cluster):
+    the engine packages, the data files and the checkpoint folder that training here would stop on."""
+    unwritable = unwritable_checkpoint_dir(cfg)
+    return missing_packages(cfg) + missing_data(cfg) + ([unwritable] if unwritable else [])
+
+
+# the columns verl 0.9.1 reads by a key's name (RLHFDataset: the prompt; the reward loop: the data source)
+COLUMN_KEYS = (("data.prompt_key", "prompt"), ("data.reward_fn_key", "data_source"))
+
+
+def column_problems(cfg: DictConfig) -> list[str]:
+    """One line per column key that names no column of a local parquet file (its schema only is read)."""
+    import pyarrow.parquet as pq  # lazy: only where a local parquet file is named
+
+    lines = []
+    for key, default in COLUMN_KEYS:
+        column = str(OmegaConf.select(cfg, key, default=default))
+        for files_key in ("data.train_files", "data.val_files"):
+            paths = [p for p in local_files(OmegaConf.select(cfg, files_key)) if p.endswith(".parquet")]
+            path = next((Path(p).expanduser() for p in paths if Path(p).expanduser().is_file()), None)
+            if path is None:
+                continue
+            names = pq.read_schema(path).names
+            if column not in names:
+                lines.append(f"{key}: {column!r} is not a column of {files_key} {path} (its columns: "
+                             f"{', '.join(names)})")
+                break
+    return lines

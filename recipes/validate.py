@@ -33,6 +33,7 @@ from recipes.layout_keys import Adoption, adopt, find_adoptions
 from recipes.overrides import override_key, override_value
 from recipes.schema import PackConfig, check_schema, depends_on, resolve
 from recipes.verl_ext import api as verl
+from recipes.verl_ext import names as verl_names
 from recipes.verl_ext import types as verl_types
 from recipes.verl_ext.stability.entropy import entropy_warnings
 from recipes.verl_ext.stability.kl_control import MAX_ERROR, one_step_factors, sequences_per_step
@@ -430,6 +431,7 @@ def check(cfg: DictConfig, *, run_verl: bool = True) -> ValidatedRun:
     if not problems and run_verl:
         # verl's own annotations; they import verl (seconds), so, as verl's validator, once the pack's checks pass
         _merge(problems, cfg, verl_types.type_problems(container, inactive).values())
+        _merge(problems, cfg, verl_names.name_problems(container, inactive).values())  # verl's registries
     _merge(problems, cfg, wrong_kind.values())
     if problems:
         cfg = copy.deepcopy(cfg)  # handed on read-only: never the caller's own object

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import math
 import types
 import typing
 from collections.abc import Iterator, Mapping, Sequence
@@ -327,6 +328,8 @@ class Range:
         if not self.right_kind(value):
             kind = "an integer" if self.integer else "a number"
             return f"{self.key}: must be {kind} {self.bounds()} ({self.reason}), got {_show(value)}"
+        if not math.isfinite(value):  # inf passes every bound; nan fails every comparison but says nothing
+            return f"{self.key}: must be a finite number {self.bounds()} ({self.reason}), got {_show(value)}"
         low_ok = self.low is None or (value > self.low if self.low_open else value >= self.low)
         high_ok = self.high is None or (value < self.high if self.high_open else value <= self.high)
         if low_ok and high_ok:
@@ -395,11 +398,21 @@ RANGES: tuple[Range, ...] = (
     Range("algorithm.kl_ctrl.target_kl", "a KL target per token", low=0),
     Range("algorithm.kl_ctrl.horizon", "verl's adaptive KL controller asserts horizon > 0", low=0, low_open=True,
           when=("algorithm.kl_ctrl.type", "adaptive")),
+    # returns: verl's GAE and REINFORCE++ discount by gamma and lam; outside [0, 1] the advantages grow without bound
+    Range("algorithm.gamma", "a discount factor", low=0, high=1),
+    Range("algorithm.lam", "GAE's lambda", low=0, high=1),
+    Range(f"{_R}.top_k", "vLLM and SGLang take -1 or 0 for off, else a count of tokens", low=-1, integer=True),
     # optimizers: torch's AdamW refuses a negative learning rate or weight decay
-    Range(f"{_A}.optim.lr", "a learning rate; torch's optimizers refuse a negative one", low=0),
-    Range(f"{_A}.optim.weight_decay", "torch's AdamW refuses a negative weight decay", low=0),
-    Range("critic.optim.lr", "a learning rate; torch's optimizers refuse a negative one", low=0),
-    Range("critic.optim.weight_decay", "torch's AdamW refuses a negative weight decay", low=0),
+    *(entry for section in (_A, "critic") for entry in (
+        Range(f"{section}.optim.lr", "a learning rate; torch's optimizers refuse a negative one", low=0),
+        Range(f"{section}.optim.weight_decay", "torch's AdamW refuses a negative weight decay", low=0),
+        Range(f"{section}.optim.clip_grad", "a gradient-norm bound; verl clips by it every step, and at 0 or "
+              "below no update moves the weights", low=0, low_open=True),
+        Range(f"{section}.optim.lr_warmup_steps_ratio", "a share of the run's steps", low=0, high=1),
+        Range(f"{section}.optim.min_lr_ratio", "a share of the learning rate that the cosine schedule ends at",
+              low=0, high=1, optional=True),
+        Range(f"{section}.optim.num_cycles", "cosine cycles over the run", low=0),
+    )),
 )
 """The value constraints verl 0.9.1 fails on at run time, one per key."""
 

@@ -56,6 +56,47 @@ BAD = [
     ("grpo", ["strategy=megatron", "parallel=tp4pp2", "model=qwen3_30b_a3b", "layout.train.ep=4",
               "layout.train.etp=3", "cluster.nnodes=2"],
      "layout.train.ep: ep(4)*etp(3)=12 must divide dp(2)*cp(1)*tp(4)=8 (Megatron's expert layers tile the ranks"),
+    # values out of the range verl's algorithms and torch's optimizers work in (recipes/verl_ext/types.py RANGES)
+    ("kl_ppo", ["algorithm.gamma=1.5"], "algorithm.gamma: must be in [0, 1] (a discount factor), got 1.5"),
+    ("kl_ppo", ["algorithm.lam=-0.1"], "algorithm.lam: must be in [0, 1] (GAE's lambda), got -0.1"),
+    ("kl_ppo", ["algorithm.kl_ctrl.kl_coef=inf"],
+     "algorithm.kl_ctrl.kl_coef: must be a finite number >= 0 (a KL coefficient), got inf"),
+    ("grpo", ["actor_rollout_ref.actor.kl_loss_coef=nan"],
+     "actor_rollout_ref.actor.kl_loss_coef: must be a finite number >= 0 (a KL coefficient), got nan"),
+    ("kl_ppo", ["algorithm.kl_ctrl.target_kl=inf"], "algorithm.kl_ctrl.target_kl: must be a finite number >= 0"),
+    ("grpo", ["actor_rollout_ref.actor.optim.clip_grad=0"], "actor_rollout_ref.actor.optim.clip_grad: must be > 0"),
+    ("kl_ppo", ["critic.optim.clip_grad=-1"], "critic.optim.clip_grad: must be > 0"),
+    ("grpo", ["actor_rollout_ref.actor.optim.min_lr_ratio=1.5"],
+     "actor_rollout_ref.actor.optim.min_lr_ratio: must be in [0, 1]"),
+    ("kl_ppo", ["critic.optim.lr_warmup_steps_ratio=2"],
+     "critic.optim.lr_warmup_steps_ratio: must be in [0, 1] (a share of the run's steps), got 2"),
+    ("grpo", ["actor_rollout_ref.actor.optim.num_cycles=-1"], "actor_rollout_ref.actor.optim.num_cycles: must be >= 0"),
+    ("grpo", ["actor_rollout_ref.rollout.top_k=-5"], "actor_rollout_ref.rollout.top_k: must be >= -1"),
+    # names verl looks up only once the run is going (recipes/verl_ext/names.py)
+    ("kl_ppo", ["algorithm.kl_penalty=kl2"], "algorithm.kl_penalty: must be one of verl 0.9.1's KL estimators: "),
+    ("grpo", ["actor_rollout_ref.actor.kl_loss_type=k4"], "actor_rollout_ref.actor.kl_loss_type: must be one of"),
+    ("kl_ppo", ["algorithm.kl_ctrl.type=pid"], "algorithm.kl_ctrl.type: must be one of verl 0.9.1's KL controllers"),
+    ("grpo", ["algorithm.adv_estimator=grpoo"], "(did you mean grpo?); got 'grpoo'"),
+    ("grpo", ["actor_rollout_ref.actor.policy_loss.loss_mode=ppo"],
+     "actor_rollout_ref.actor.policy_loss.loss_mode: must be one of verl 0.9.1's policy losses: "),
+    ("grpo", ["actor_rollout_ref.actor.optim.optimizer=AdamWW"],
+     "actor_rollout_ref.actor.optim.optimizer: torch.optim has no optimizer 'AdamWW' (did you mean AdamW?)"),
+    ("grpo", ["actor_rollout_ref.actor.optim.optimizer_impl=torch.optimz"],
+     "actor_rollout_ref.actor.optim.optimizer_impl: cannot import 'torch.optimz'"),
+    ("grpo", ["trainer.resume_mode=continue"],
+     "trainer.resume_mode: must be one of verl 0.9.1's resume modes: auto, disable, resume_path; got 'continue'"),
+    ("grpo", ["actor_rollout_ref.actor.checkpoint.save_contents=[model,weights]"],
+     "actor_rollout_ref.actor.checkpoint.save_contents: each item must be one of verl 0.9.1's checkpoint contents: "
+     "model, optimizer, extra, hf_model; got 'weights'"),
+    ("grpo", ["actor_rollout_ref.actor.optim.lr_scheduler_type=linear"],
+     "actor_rollout_ref.actor.optim.lr_scheduler_type: must be one of verl 0.9.1's learning-rate schedules: "
+     "constant, cosine; got 'linear'"),
+    ("grpo", ["trainer.logger=[consol]"], "trainer.logger: each item must be one of"),
+    ("grpo", ["data.truncation=cut"], "data.truncation: must be one of verl 0.9.1's truncation modes"),
+    # the columns verl reads by a key's name, against the schema of a parquet file that is here
+    ("grpo", ["data.prompt_key=question"],
+     "data.prompt_key: 'question' is not a column of data.train_files "),
+    ("kl_ppo", ["data.reward_fn_key=source"], "(its columns: data_source, prompt, ability, reward_model, extra_info)"),
 ]
 
 

@@ -82,3 +82,41 @@ def test_missing_packages_names_only_the_engines_the_config_uses(monkeypatch):
         "actor_rollout_ref.rollout.name=sglang: training needs SGLang (sglang==0.5.12, as verl 0.9.1 pins it); not "
         "importable here (sglang): pip install 'klppo-recipes[sglang]' (in a checkout: pip install -e '.[sglang]')"]
     assert importable("os.path") and not importable("no_such_package_here.sub")
+
+
+def test_missing_data_and_an_unmakeable_checkpoint_folder_stop_train_before_ray(tmp_path, recipe_cli):
+    """verl would read the data at the trainer's start (a minute in, after Ray) and write the folder at the first
+    save (save_freq steps in); here both stop the run at once, one line each, nothing left behind."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    work = tmp_path / "work"
+    work.mkdir()
+    args = (f"data.val_files={tmp_path}/nope/val.parquet", f"trainer.default_local_dir={blocker}/ckpt")
+    proc = recipe_cli("grpo", *args, cwd=work, timeout=120, env={"RAY_TMPDIR": str(tmp_path / "no_ray")})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "2 config errors:" in proc.stderr and "Traceback" not in proc.stderr
+    assert (f"data.val_files: {tmp_path}/nope/val.parquet is not a file on this machine (verl's RLHFDataset reads "
+            "it when the trainer starts)") in proc.stderr
+    assert (f"trainer.default_local_dir: {blocker}/ckpt cannot be made: {blocker} is a file") in proc.stderr
+    assert list(work.iterdir()) == [] and not (tmp_path / "no_ray").exists()
+
+
+def test_validate_notes_what_training_here_would_stop_on(tmp_path, capsys, monkeypatch):
+    """validate checks a run for a cluster from any machine: the same findings are notes, and it passes."""
+    from recipes.launch import run_recipe
+
+    monkeypatch.chdir(tmp_path)
+    run_recipe("grpo", [f"data.train_files={tmp_path}/train.parquet", "action=validate"])
+    out, err = capsys.readouterr()
+    assert out.startswith("config OK: ")
+    assert (f"note: data.train_files: {tmp_path}/train.parquet is not a file on this machine") in err
+
+
+def test_remote_data_is_the_clusters(tmp_path):
+    from recipes.needs import missing_data
+
+    cfg = OmegaConf.create({"data": {"train_files": ["hdfs://nn/train.parquet", str(tmp_path / "x.parquet")],
+                                     "val_files": "s3://bucket/val.parquet"}})
+    assert missing_data(cfg) == [f"data.train_files: {tmp_path}/x.parquet is not a file on this machine (verl's "
+                                 "RLHFDataset reads it when the trainer starts); make it with the task's "
+                                 "preprocessing script, or name another"]
