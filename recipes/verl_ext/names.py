@@ -43,19 +43,19 @@ def _kl_estimators() -> tuple[str, ...]:
 
 
 def _adv_estimators() -> tuple[str, ...]:
-    from verl.trainer.ppo import core_algos
+    from verl.trainer.ppo import core_algos  # lazy: verl imports in seconds; only the verl phase of validation asks
 
     return tuple(sorted(core_algos.ADV_ESTIMATOR_REGISTRY))
 
 
 def _policy_losses() -> tuple[str, ...]:
-    from verl.trainer.ppo import core_algos
+    from verl.trainer.ppo import core_algos  # lazy: verl imports in seconds; only the verl phase of validation asks
 
     return tuple(sorted(core_algos.POLICY_LOSS_REGISTRY))
 
 
 def _loggers() -> tuple[str, ...]:
-    from verl.utils.tracking import Tracking
+    from verl.utils.tracking import Tracking  # lazy: verl imports in seconds; only the verl phase of validation asks
 
     return tuple(Tracking.supported_backend)
 
