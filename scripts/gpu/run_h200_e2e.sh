@@ -51,6 +51,9 @@ read -r -a EXTRA_ARGS <<<"$EXTRA"
 mkdir -p "$WORK/runs" "$WORK/figures"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HYDRA_FULL_ERROR=1
 export KLPPO_DATA_DIR=${KLPPO_DATA_DIR:-$WORK/data}
+# vLLM's own lines (its KV-cache size, CUDA graphs, sleep and wake) at INFO: verl sets WARN for its workers only where
+# the launching shell leaves VLLM_LOGGING_LEVEL unset (verl/trainer/constants_ppo.py), and the workers inherit this
+VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-INFO}; export VLLM_LOGGING_LEVEL
 if ! $PY -c "import verl, ray, hydra" 2>/dev/null && [ -f .gpu-packages/site.tar.xz ]; then
   [ -d "$WORK/site/verl" ] || xz -dc -T0 .gpu-packages/site.tar.xz | tar -xf - -C "$WORK"
 fi
