@@ -242,4 +242,13 @@ def print_help(recipe: str, prog: str, argv: list[str], embedded: dict[str, str]
     except KeyError:
         print(f"--help: unknown topic {topic!r}; choose from {topics_list()}", file=sys.stderr)
         return 2
+    if TOPICS.get(topic, topic) == "kl":
+        from recipes.errors import ConfigError
+        from recipes.help_values import kl_lines  # lazy: composes the config (Hydra), for this topic only
+
+        try:
+            sys.stdout.write("\n" + "\n".join(kl_lines(recipe, argv)) + "\n")
+        except ConfigError as error:
+            print(f"--help kl: the command line does not compose: {error}", file=sys.stderr)
+            return 2
     return 0

@@ -229,6 +229,27 @@ class KLGuard(_Checked):
     0: every step stops after its first mini-batch"""
 
 
+KLRule = Literal["pi", "proportional"]
+
+
+@dataclass(kw_only=True, slots=True)
+class KLController(_Checked):
+    """``kl.controller`` (kl=adaptive|ramp): how the coefficients follow the target."""
+
+    rule: KLRule = "pi"
+    """pi: proportional-integral on log(KL / target), both coefficients | proportional: verl's adaptive rule
+    (Ziegler et al.) on the loss-side coefficient, verl's own controller on the in-reward one"""
+    kp: float = _bounded(NON_NEGATIVE, default=0.5)
+    """pi: gain on the change of the error since the last step"""
+    ki: float = _bounded(NON_NEGATIVE, default=0.1)
+    """pi: gain on the error itself (the integral part: the coefficient keeps moving while KL is off target)"""
+    max_step: float = _bounded(POSITIVE, default=0.2)
+    """pi: the largest change of log(coefficient) in one step (0.2: at most x1.22 or /1.22 a step)"""
+    lookahead: float = _bounded(NON_NEGATIVE, default=1.0)
+    """pi: steps over which the KL's last change is extrapolated before it meets the target (the coefficient set
+    after a step weighs the next update, whose KL shows a step later); 0: the measured KL"""
+
+
 @dataclass(kw_only=True, slots=True)
 class KL(_Checked):
     """``kl``: KL control (the kl/ group); verl's own KL keys interpolate from it."""
@@ -241,6 +262,8 @@ class KL(_Checked):
     """the ramp's schedule (kl=ramp)"""
     guard: KLGuard = field(default_factory=KLGuard)
     """the KL guard"""
+    controller: KLController = field(default_factory=KLController)
+    """the rule that moves the coefficients toward the target"""
 
 
 @dataclass(kw_only=True, slots=True)

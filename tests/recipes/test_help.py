@@ -221,3 +221,31 @@ def test_hydra_help_still_answers(tmp_path, recipe_cli):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith("Hydra (")
     assert "--shell-completion" in proc.stdout
+
+
+@pytest.mark.parametrize(("recipe", "args"), [("grpo", ()), ("kl_ppo", ("kl=adaptive", "kl.target=0.2"))])
+def test_help_kl_ends_with_the_numbers_the_command_line_runs_with(recipe, args, tmp_path, recipe_cli):
+    """The numbers are the composed config's (the embedded tiny task's on this GPU-less machine), not kl/'s own."""
+    from omegaconf import OmegaConf
+
+    from recipes.compose import compose_recipe
+
+    proc = recipe_cli(recipe, "--help", "kl", *args, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    chosen = {arg.split("=", 1)[0] for arg in args}
+    embedded = [f"{group}={option}" for group, option in EMBEDDED_DEFAULTS.items() if group not in chosen]
+    cfg = compose_recipe(recipe, [*args, *embedded])
+    tail = proc.stdout.split("\n\n", 1)[1]
+    assert tail.startswith(f"with this command line (no GPU here: the embedded CPU default): kl={cfg.kl.mode}")
+    if cfg.kl.mode == "ramp":
+        assert f"  target {cfg.kl.ramp.start:g} -> {cfg.kl.ramp.end:g} over {cfg.kl.ramp.steps} steps" in tail
+    else:
+        assert f"  target {cfg.kl.target:g}\n" in tail and cfg.kl.target == 0.2
+    assert f"loss-side coefficient {cfg.actor_rollout_ref.actor.kl_loss_coef:g} at step 0" in tail
+    assert f"in-reward coefficient {cfg.algorithm.kl_ctrl.kl_coef:g} at step 0" in tail
+    used = "algorithm.use_kl_in_reward" if recipe == "kl_ppo" else "actor_rollout_ref.actor.use_kl_loss"
+    assert f"(used: {used}=true)" in tail
+    c = OmegaConf.to_container(cfg.kl.controller)
+    assert f"rule pi: kp {c['kp']:g}, ki {c['ki']:g}, max_step {c['max_step']:g}, lookahead {c['lookahead']:g}" in tail
+    assert cfg.actor_rollout_ref.actor.kl_loss_coef != 0.001  # the tiny task's, not kl/fixed's header number
+    assert not (tmp_path / "runs").exists()

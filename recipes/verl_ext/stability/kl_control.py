@@ -5,10 +5,20 @@ controller's value in memory only. This controller:
 
 - moves the target: ``fixed`` has none, ``adaptive`` holds ``kl.target``, ``ramp`` rises linearly from
   ``kl.ramp.start`` to ``kl.ramp.end`` over ``kl.ramp.steps`` training steps;
-- drives the coefficient of the loss-side KL (``actor.kl_loss_coef``, used with ``use_kl_loss``) toward the target with
-  the same proportional rule verl uses for the in-reward coefficient:
-  ``coef *= 1 + clip(kl / target - 1, -0.2, 0.2) * n / horizon``, ``n`` = sequences in the step;
-- sets the in-reward controller's target to the same schedule (verl updates its value itself);
+- drives the coefficients toward the target with ``kl.controller.rule``:
+
+  - ``pi`` (the default): a proportional-integral update on the log error ``e = log(kl / target)`` (clipped to
+    +-2), in velocity form, with a bounded step: ``log coef += clip(kp * (e - e_prev) + ki * e, +-max_step)``. It
+    acts on the loss-side coefficient (``actor.kl_loss_coef``, GRPO's ``use_kl_loss``) with the step's
+    ``actor/kl_loss``, and on the in-reward one (verl's ``kl_ctrl_in_reward.value``, KL-PPO's ``use_kl_in_reward``)
+    with the step's ``actor/reward_kl_penalty``. The step is a multiple of the coefficient, whatever its scale; the
+    ``kp`` term answers a KL that is moving, the ``ki`` term one that stays off target; the bound keeps one noisy
+    step from swinging it more than ``exp(max_step)``.
+  - ``proportional``: verl's adaptive rule (Ziegler et al. 2019) on the loss-side coefficient,
+    ``coef *= 1 + clip(kl / target - 1, -0.2, 0.2) * n / horizon``, ``n`` = sequences in the step; verl's own
+    controller moves the in-reward one. Its correction is at most 20% of ``n / horizon`` a step: it lags a KL that
+    grows with learning (the tiny demo crossed its target 6 steps late under it).
+- sets the in-reward controller's target to the same schedule;
 - has a JSON state (:meth:`KLControl.state_dict`) that the trainer writes into every checkpoint folder and reads back
   on resume, so a resumed run continues with the same step, target and both coefficients, bit for bit.
 
@@ -51,6 +61,18 @@ class KLSettings:
     """``actor.kl_loss_coef`` at step 0"""
     max_kl: float | None = 0.5
     """the guard: stop a step's remaining PPO updates once the policy KL passes this (None: no guard)"""
+    rule: str = "pi"
+    """pi | proportional (``kl.controller.rule``)"""
+    kp: float = 0.5
+    """pi: gain on the change of the log error"""
+    ki: float = 0.1
+    """pi: gain on the log error"""
+    max_step: float = 0.2
+    """pi: the largest change of log(coefficient) a step"""
+    lookahead: float = 1.0
+    """pi: steps over which the KL's last change is extrapolated before it is compared with the target"""
+    init_reward_coef: float | None = None
+    """``algorithm.kl_ctrl.kl_coef`` where the run puts the KL in the reward; None where it does not"""
 
     @classmethod
     def from_config(cls, cfg) -> KLSettings:
@@ -59,6 +81,7 @@ class KLSettings:
         :class:`recipes.schema.SchemaError` (a ValueError) naming the key."""
         kl = load_section(KL, cfg.get("kl"), "kl")
         kl_ctrl = cfg.algorithm.get("kl_ctrl") or {}
+        in_reward = bool(cfg.algorithm.get("use_kl_in_reward", False))
         return cls(
             mode=kl.mode,
             target=None if kl.target is None else float(kl.target),
@@ -68,6 +91,12 @@ class KLSettings:
             horizon=float(kl_ctrl.get("horizon", 10000)),
             init_loss_coef=float(cfg.actor_rollout_ref.actor.get("kl_loss_coef", 0.001)),
             max_kl=None if kl.guard.max_kl is None else float(kl.guard.max_kl),
+            rule=kl.controller.rule,
+            kp=float(kl.controller.kp),
+            ki=float(kl.controller.ki),
+            max_step=float(kl.controller.max_step),
+            lookahead=float(kl.controller.lookahead),
+            init_reward_coef=float(kl_ctrl.get("kl_coef", 0.001)) if in_reward else None,
         )
 
 
@@ -86,6 +115,28 @@ def proportional_update(coef: float, kl: float, target: float, n: int, horizon: 
     """verl's AdaptiveKLController rule (Ziegler et al. 2019), applied to any coefficient."""
     error = min(max(kl / target - 1.0, -MAX_ERROR), MAX_ERROR)
     return coef * (1.0 + error * n / horizon)
+
+
+MAX_LOG_ERROR = 2.0
+"""the clip on ``log(kl / target)``: a KL of 0 (the first step) counts as ``target / e**2``"""
+COEF_RANGE = (1e-6, 10.0)
+"""the coefficients the PI rule keeps to: never 0 (a log), never a penalty that dwarfs any reward"""
+
+
+def log_error(kl: float, target: float) -> float:
+    """``log(kl / target)``, clipped to +-:data:`MAX_LOG_ERROR` (a KL of 0 or below: the lower clip)."""
+    if kl <= 0:
+        return -MAX_LOG_ERROR
+    return min(max(math.log(kl / target), -MAX_LOG_ERROR), MAX_LOG_ERROR)
+
+
+def pi_update(coef: float, error: float, last_error: float | None, kp: float, ki: float, max_step: float) -> float:
+    """One step of the PI rule in velocity form on ``log(coef)``: ``kp * (error - last_error) + ki * error``,
+    bounded to +-``max_step``; ``last_error`` None (the first update) counts as 0."""
+    change = kp * (error - (last_error or 0.0)) + ki * error
+    change = min(max(change, -max_step), max_step)
+    low, high = COEF_RANGE
+    return min(max(coef * math.exp(change), low), high)
 
 
 def sequences_per_step(cfg) -> int:
@@ -113,9 +164,17 @@ class KLState:
     loss_coef: float = 0.001
     """``actor.kl_loss_coef`` for the next step"""
     reward_coef: float | None = None
-    """verl's in-reward controller value (``kl_ctrl_in_reward.value``) after the last step; None without it"""
+    """the in-reward coefficient (verl's ``kl_ctrl_in_reward.value``) for the next step; None without it"""
+    loss_error: list | None = None
+    """pi: (log error, KL) of the last step that measured a loss-side KL"""
+    reward_error: list | None = None
+    """pi: (log error, KL) of the last step that measured an in-reward KL"""
     history: list = field(default_factory=list)
     """(step, measured kl, target, loss_coef) per step, for the record"""
+
+
+def _usable(kl: float | None) -> bool:
+    return kl is not None and math.isfinite(kl)
 
 
 class KLControl:
@@ -123,7 +182,8 @@ class KLControl:
 
     def __init__(self, settings: KLSettings):
         self.settings = settings
-        self.state = KLState(loss_coef=settings.init_loss_coef, target=self.target_at(0))
+        self.state = KLState(loss_coef=settings.init_loss_coef, target=self.target_at(0),
+                             reward_coef=settings.init_reward_coef)
 
     def target_at(self, step: int) -> float | None:
         s = self.settings
@@ -137,27 +197,49 @@ class KLControl:
     def drives_loss_coef(self) -> bool:
         return self.settings.mode in ("adaptive", "ramp") and self.state.target is not None
 
-    def update(self, step: int, measured_kl: float | None, n_sequences: int) -> dict[str, float]:
-        """After training step ``step``: move the coefficient toward the step's target, then the target on.
+    @property
+    def drives_reward_coef(self) -> bool:
+        """True where the pack sets verl's in-reward coefficient each step (rule ``pi``, KL in the reward)."""
+        return self.drives_loss_coef and self.settings.rule == "pi" and self.settings.init_reward_coef is not None
 
-        ``measured_kl`` is the step's loss-side KL (``actor/kl_loss``); None (no KL loss) leaves the coefficient.
-        Returns the step's metrics: ``kl_control/target`` and ``kl_control/loss_coef`` as used in this step,
-        ``kl_control/next_loss_coef`` for the next one, ``kl_control/reward_coef`` (verl's in-reward value).
+    def update(self, step: int, measured_kl: float | None, n_sequences: int,
+               reward_kl: float | None = None) -> dict[str, float]:
+        """After training step ``step``: move the coefficients toward the step's target, then the target on.
+
+        ``measured_kl`` is the step's loss-side KL (``actor/kl_loss``), ``reward_kl`` the in-reward one
+        (``actor/reward_kl_penalty``); None (not measured) leaves that coefficient. Returns the step's metrics:
+        ``kl_control/target`` and ``kl_control/loss_coef`` as used in this step, ``kl_control/next_loss_coef`` for
+        the next one, ``kl_control/reward_coef`` (the in-reward value used in this step, where there is one).
         """
         st = self.state
-        target_used, coef_used = st.target, st.loss_coef
-        if self.drives_loss_coef and measured_kl is not None and math.isfinite(measured_kl) and target_used:
-            st.loss_coef = proportional_update(coef_used, measured_kl, target_used, n_sequences,
-                                               self.settings.horizon)
+        target_used, coef_used, reward_used = st.target, st.loss_coef, st.reward_coef
+        if self.drives_loss_coef and _usable(measured_kl) and target_used:
+            if self.settings.rule == "pi":
+                st.loss_coef, st.loss_error = self._pi(coef_used, measured_kl, target_used, st.loss_error)
+            else:
+                st.loss_coef = proportional_update(coef_used, measured_kl, target_used, n_sequences,
+                                                   self.settings.horizon)
+        if self.drives_reward_coef and _usable(reward_kl) and target_used and reward_used is not None:
+            st.reward_coef, st.reward_error = self._pi(reward_used, reward_kl, target_used, st.reward_error)
         st.step = step
         st.target = self.target_at(step)
         st.history.append([step, measured_kl, target_used, coef_used])
         metrics = {"kl_control/loss_coef": coef_used, "kl_control/next_loss_coef": st.loss_coef}
         if target_used is not None:
             metrics["kl_control/target"] = target_used
-        if st.reward_coef is not None:
-            metrics["kl_control/reward_coef"] = st.reward_coef
+        if reward_used is not None:
+            metrics["kl_control/reward_coef"] = reward_used
         return metrics
+
+    def _pi(self, coef: float, kl: float, target: float, last: list | None) -> tuple[float, list]:
+        """The PI step on the KL expected ``lookahead`` steps on (the KL's last change extrapolated): a coefficient
+        set after step t weighs update t+1, whose KL is measured at step t+2. Returns the coefficient and the state
+        to pass back next time, (log error, KL)."""
+        s = self.settings
+        last_error, last_kl = last if last else (None, None)
+        expected = kl if last_kl is None else max(kl + s.lookahead * (kl - last_kl), 0.0)
+        error = log_error(expected, target)
+        return pi_update(coef, error, last_error, s.kp, s.ki, s.max_step), [error, kl]
 
     def state_dict(self) -> dict:
         return asdict(self.state)

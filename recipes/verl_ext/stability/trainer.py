@@ -85,15 +85,19 @@ class StabilityTrainer(PPOTrainerSync):
 
     def step(self, metrics, timing_raw):
         reward_ctrl = getattr(self, "kl_ctrl_in_reward", None)
+        drives_reward = reward_ctrl is not None and self.kl_control.drives_reward_coef
         if reward_ctrl is not None and hasattr(reward_ctrl, "target") and self.kl_control.state.target is not None:
             reward_ctrl.target = self.kl_control.state.target
+        if drives_reward:  # verl applies this value in the step, then moves it its own way: the pack's rule wins
+            reward_ctrl.value = self.kl_control.state.reward_coef
         batch = super().step(metrics, timing_raw)
         self._inject_faults(metrics)
         self._detect_faults(metrics)
-        if reward_ctrl is not None:
+        if reward_ctrl is not None and not drives_reward:
             self.kl_control.state.reward_coef = float(reward_ctrl.value)
-        measured = metrics.get("actor/kl_loss")
-        metrics.update(self.kl_control.update(self.global_steps, measured, sequences_per_step(self.config)))
+        metrics.update(self.kl_control.update(self.global_steps, metrics.get("actor/kl_loss"),
+                                              sequences_per_step(self.config),
+                                              reward_kl=metrics.get("actor/reward_kl_penalty")))
         return batch
 
     def _inject_faults(self, metrics) -> None:

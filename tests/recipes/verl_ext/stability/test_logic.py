@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from omegaconf import OmegaConf
@@ -14,7 +15,9 @@ from recipes.verl_ext.stability.guard import KLGuard, scalar
 from recipes.verl_ext.stability.kl_control import (
     KLControl,
     KLSettings,
+    log_error,
     one_step_factors,
+    pi_update,
     proportional_update,
     ramp_target,
 )
@@ -31,8 +34,9 @@ def test_ramp_moves_target_from_start_to_end():
     assert [ramp_target(s, 0.1, 0.3, 4) for s in range(6)] == pytest.approx([0.1, 0.15, 0.2, 0.25, 0.3, 0.3])
 
 
-def test_adaptive_coefficient_follows_verl_rule_and_state_round_trips(tmp_path):
-    control = KLControl(KLSettings(mode="adaptive", target=0.1, horizon=100.0, init_loss_coef=0.01))
+def test_proportional_rule_follows_verl_and_state_round_trips(tmp_path):
+    control = KLControl(KLSettings(mode="adaptive", rule="proportional", target=0.1, horizon=100.0,
+                                   init_loss_coef=0.01))
     coefs = [control.state.loss_coef]
     for step, kl in enumerate([0.5, 0.5, 0.0, 0.1], start=1):
         control.update(step, kl, n_sequences=10)
@@ -45,6 +49,61 @@ def test_adaptive_coefficient_follows_verl_rule_and_state_round_trips(tmp_path):
     assert restored.load(tmp_path)
     assert restored.state_dict() == control.state_dict()  # exactly, floats included
     assert json.loads((tmp_path / "kl_control.json").read_text())["state"]["loss_coef"] == control.state.loss_coef
+
+
+def test_pi_rule_moves_both_coefficients_by_a_bounded_multiple():
+    control = KLControl(KLSettings(mode="adaptive", target=0.1, init_loss_coef=0.05, init_reward_coef=0.02,
+                                   kp=1.0, ki=0.5, max_step=0.7, lookahead=0.0))
+    assert control.drives_reward_coef
+    # step 1: KL 0 is the lower clip, e = -2: kp*(-2 - 0) + ki*(-2) = -3, bounded to -0.7
+    control.update(1, 0.0, 40, reward_kl=0.0)
+    assert control.state.loss_coef == pytest.approx(0.05 * math.exp(-0.7))
+    assert control.state.reward_coef == pytest.approx(0.02 * math.exp(-0.7))
+    # step 2: KL at e**0.5 x target: e = 0.5, change = 1.0 * (0.5 - -2) + 0.5 * 0.5 -> bounded to +0.7
+    before = control.state.loss_coef
+    metrics = control.update(2, 0.1 * math.exp(0.5), 40, reward_kl=None)
+    assert control.state.loss_coef == pytest.approx(before * math.exp(0.7))
+    assert control.state.reward_coef == pytest.approx(0.02 * math.exp(-0.7))  # not measured: unchanged
+    assert metrics["kl_control/loss_coef"] == before and metrics["kl_control/reward_coef"] == control.state.reward_coef
+    # step 3: on target after 0.5: e = 0 -> change = 1.0 * (0 - 0.5) = -0.5 (the KL fell: the coefficient eases)
+    before = control.state.loss_coef
+    control.update(3, 0.1, 40)
+    assert control.state.loss_coef == pytest.approx(before * math.exp(-0.5))
+    # a KL that stays above target keeps raising it: the integral part
+    before = control.state.loss_coef
+    control.update(4, 0.2, 40)
+    control.update(5, 0.2, 40)
+    step5 = math.log(2) * 0.5
+    assert control.state.loss_coef == pytest.approx(before * math.exp(min(math.log(2) * 1.5, 0.7) + step5))
+
+
+def test_pi_lookahead_extrapolates_the_kls_last_change(tmp_path):
+    control = KLControl(KLSettings(mode="adaptive", target=0.1, init_loss_coef=1.0, kp=0.0, ki=1.0, max_step=5.0,
+                                   lookahead=1.0))
+    control.update(1, 0.1, 8)  # no earlier KL: the measured one, on target
+    assert control.state.loss_coef == pytest.approx(1.0)
+    control.update(2, 0.15, 8)  # rising by 0.05: taken as 0.2 next step, twice the target
+    assert control.state.loss_coef == pytest.approx(2.0)
+    control.save(tmp_path)
+    restored = KLControl(control.settings)
+    assert restored.load(tmp_path) and restored.state_dict() == control.state_dict()
+    restored.update(3, 0.15, 8)
+    control.update(3, 0.15, 8)
+    assert restored.state.loss_coef == control.state.loss_coef == pytest.approx(2.0 * 1.5)
+
+
+def test_pi_pieces():
+    assert log_error(0.0, 0.1) == -2.0 and log_error(100.0, 0.1) == 2.0
+    assert log_error(0.2, 0.1) == pytest.approx(math.log(2))
+    assert pi_update(1.0, 0.0, None, 1.0, 0.5, 0.7) == 1.0  # on target from the start: no change
+    assert pi_update(1e-6, -2.0, -2.0, 1.0, 0.5, 0.7) == 1e-6  # the floor
+
+
+def test_proportional_rule_leaves_the_in_reward_coefficient_to_verl():
+    control = KLControl(KLSettings(mode="adaptive", rule="proportional", target=0.1, init_reward_coef=0.02))
+    assert not control.drives_reward_coef
+    control.update(1, None, 8, reward_kl=1.0)
+    assert control.state.reward_coef == 0.02
 
 
 def test_fixed_mode_leaves_coefficient():

@@ -3,7 +3,7 @@
 run                                               steps  asserted
 guard: lr 0.05, 4 mini-batches x 2 epochs,          2    the guard stops a step's updates (guard/stopped, updates <
        kl=adaptive                                       planned, guard/kl > max_kl); the saved weights are finite;
-                                                         the loss-side coefficient follows verl's proportional rule;
+                                                         the loss-side coefficient follows the PI rule;
                                                          bands.json / bands.txt count what metrics.jsonl shows
 rollback: stability=auto, kl=ramp over 4 steps,     4    attempt 0 fails at step 3 (NaN), attempt 1 resumes from the
           overlap=prefetch, NaN injected at step 3       step-2 checkpoint with forward_prefetch off and finishes;
@@ -92,13 +92,15 @@ def test_weights_stay_finite_after_the_guard(guard_run):
 
 
 def test_adaptive_coefficient_follows_the_rule(guard_run):
-    from recipes.verl_ext.stability.kl_control import proportional_update
+    from recipes.verl_ext.stability.kl_control import log_error, pi_update
 
     first, second = guard_run.at(1), guard_run.at(2)
     cfg = yaml.safe_load((guard_run.run_dir / "resolved_config.yaml").read_text())
     init, target = cfg["actor_rollout_ref"]["actor"]["kl_loss_coef"], cfg["kl"]["target"]
     assert first["kl_control/loss_coef"] == init and first["kl_control/target"] == target
-    expected = proportional_update(init, first["actor/kl_loss"], target, 8 * 5, cfg["algorithm"]["kl_ctrl"]["horizon"])
+    pi = cfg["kl"]["controller"]
+    assert pi["rule"] == "pi"  # the default rule; the first update has no earlier KL to extrapolate from
+    expected = pi_update(init, log_error(first["actor/kl_loss"], target), None, pi["kp"], pi["ki"], pi["max_step"])
     assert first["kl_control/next_loss_coef"] == pytest.approx(expected, rel=1e-12)
     assert second["kl_control/loss_coef"] == first["kl_control/next_loss_coef"]
     assert second["actor/kl_coef"] == pytest.approx(second["kl_control/loss_coef"])  # the worker used it
