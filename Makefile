@@ -14,8 +14,8 @@ install:  ## install the pack for CPU (torch 2.13.0 CPU wheel, pinned deps, dev 
 demo:  ## the embedded CPU demo: python -m recipes.grpo (verl's trainer, tiny model, no GPU)
 	$(PYTHON) -m recipes.grpo
 
-test:  ## the whole test suite, end-to-end CPU training included (what CI runs)
-	$(PYTHON) -m pytest -q
+test:  ## the whole test suite, end-to-end CPU training included (what CI runs); prints the 15 slowest tests
+	$(PYTHON) -m pytest -q --durations=15
 
 test-fast:  ## the tests without the end-to-end training runs
 	$(PYTHON) -m pytest -q -m "not e2e"

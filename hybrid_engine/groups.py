@@ -275,10 +275,6 @@ class HybridGroups:
         data, stage, tp, _ = self.train_coords(rank)
         return [int(self.rank_of(data, pi * self.k_p + stage % self.k_p, tp)) for pi in range(self.p_g)]
 
-    def engine_ranks(self, rank: int) -> list[int]:
-        """The t_g * p_g ranks of this rank's generation engine, ordered (gen_pp, gen_tp)."""
-        return [r for member in self.gen_pp_group(rank) for r in self.gen_tp_group(member)]
-
     def expert_gather_group(self, rank: int) -> list[int]:
         """Ranks that all-gather experts after the micro-DP gather when infer.ep < train.ep (else just ``rank``)."""
         if self.k_e == 1 or not self.hybridflow:

@@ -220,31 +220,6 @@ class TrainLayout:
         return self.dp * self.tp * self.pp * self.cp
 
     @property
-    def model_parallel_size(self) -> int:
-        """Ranks that together hold one copy of the model: tp * pp."""
-        return self.tp * self.pp
-
-    @property
-    def dp_enabled(self) -> bool:
-        return self.dp > 1
-
-    @property
-    def tp_enabled(self) -> bool:
-        return self.tp > 1
-
-    @property
-    def pp_enabled(self) -> bool:
-        return self.pp > 1
-
-    @property
-    def cp_enabled(self) -> bool:
-        return self.cp > 1
-
-    @property
-    def ep_enabled(self) -> bool:
-        return self.ep > 1
-
-    @property
     def axes(self) -> list[str]:
         """The dense mesh axes in rank order, fastest first (``ep`` is not one: it lives inside dp*cp)."""
         return [axis for axis in self.order.split("-") if axis != "ep"]
@@ -341,22 +316,6 @@ class InferLayout:
     def engine_size(self) -> int:
         """GPUs of one generation engine: tp * pp."""
         return self.tp * self.pp
-
-    @property
-    def dp_enabled(self) -> bool:
-        return self.dp > 1
-
-    @property
-    def tp_enabled(self) -> bool:
-        return self.tp > 1
-
-    @property
-    def pp_enabled(self) -> bool:
-        return self.pp > 1
-
-    @property
-    def ep_enabled(self) -> bool:
-        return self.ep > 1
 
     @property
     def axes(self) -> list[str]:

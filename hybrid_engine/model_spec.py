@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = [
-    "HUB_IDS",
     "MODEL_CONFIG_DIR",
     "SHIPPED_HUB_IDS",
     "PARTITIONS",
@@ -27,7 +26,6 @@ __all__ = [
     "TensorSpec",
     "arch_from_config",
     "build_spec",
-    "hub_id",
     "load_arch",
     "looks_like_hub_id",
     "shipped_name_of_hub_id",
@@ -36,19 +34,6 @@ __all__ = [
 ]
 
 MODEL_CONFIG_DIR = Path(__file__).resolve().parent / "model_configs"
-
-HUB_IDS: dict[str, str] = {
-    "qwen2_7b": "Qwen/Qwen2-7B",
-    "qwen2_5_0_5b": "Qwen/Qwen2.5-0.5B",
-    "qwen2_5_7b": "Qwen/Qwen2.5-7B",
-    "qwen2_5_32b": "Qwen/Qwen2.5-32B",
-    "llama3_1_8b": "meta-llama/Llama-3.1-8B",
-    "llama3_1_70b": "meta-llama/Llama-3.1-70B",
-    "qwen3_30b_a3b": "Qwen/Qwen3-30B-A3B",
-    "deepseek_v3": "deepseek-ai/DeepSeek-V3",
-    "tiny": "",
-}
-"""Shipped name -> Hugging Face hub id ("" for ``tiny``: built locally with random weights)."""
 
 SHIPPED_HUB_IDS: dict[str, tuple[str, ...]] = {
     # a base model and its instruct model share every architecture number (they differ in max_position_embeddings,
@@ -96,13 +81,6 @@ class ModelSpecError(ValueError):
 def shipped_models() -> list[str]:
     """Names of the configs shipped in ``hybrid_engine/model_configs/``, sorted."""
     return sorted(p.parent.name for p in MODEL_CONFIG_DIR.glob("*/config.json"))
-
-
-def hub_id(name: str) -> str:
-    """The HF hub id of a shipped model (``qwen2_7b`` -> ``Qwen/Qwen2-7B``)."""
-    if name not in HUB_IDS:
-        raise ModelSpecError(f"unknown shipped model {name!r}; available: {shipped_models()}")
-    return HUB_IDS[name]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -179,10 +157,6 @@ class ModelArch:
     @property
     def is_mla(self) -> bool:
         return self.kv_lora_rank > 0
-
-    @property
-    def value_head_dim(self) -> int:
-        return self.v_head_dim or self.head_dim
 
     def is_moe_layer(self, layer: int) -> bool:
         """Whether decoder layer ``layer`` has routed experts (HF's rule for this model_type)."""
@@ -400,21 +374,6 @@ class TensorSpec:
             out *= size
         return out
 
-    def tp_units(self) -> int:
-        return sum(units for units, _ in self.tp_parts)
-
-    def tp_slice_numel(self, tp: int, rank: int) -> int:
-        """Elements TP rank ``rank`` of ``tp`` holds (of all experts, before EP)."""
-        if self.tp_dim is None or tp == 1:
-            return self.numel
-        along = sum(size * _span(units_range(units, tp, rank)) for units, size in self.tp_parts)
-        return self.numel // self.shape[self.tp_dim] * along
-
-    def kv_replicas(self, tp: int) -> int:
-        """How many TP ranks hold each kv head (1 unless this is GQA k/v with tp > kv heads)."""
-        units = self.tp_units()
-        return tp // units if self.gqa_kv and units < tp else 1
-
     def to_dict(self) -> dict:
         out = {"name": self.name, "shape": list(self.shape), "partition": self.partition, "tp_dim": self.tp_dim}
         for key in ("ep_dim", "layer", "tied_to"):
@@ -426,10 +385,6 @@ class TensorSpec:
             out["gqa_kv"] = True
         out["megatron_name"] = self.megatron_name
         return out
-
-
-def _span(bounds: tuple[int, int]) -> int:
-    return bounds[1] - bounds[0]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -451,11 +406,6 @@ class ModelSpec:
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {t.name: t.shape for t in self.tensors}
-
-    def megatron_view(self) -> list[TensorSpec]:
-        """The same model as Megatron-core holds it: q/k/v fused into ``linear_qkv`` (split by query groups), gate and
-        up fused into ``linear_fc1``; other tensors renamed one to one. Experts stay grouped per layer."""
-        return _megatron_view(self)
 
 
 def build_spec(model: ModelArch | str | Path, method: str = "auto") -> ModelSpec:
@@ -657,52 +607,3 @@ def _megatron_name(arch: ModelArch, name: str) -> str:
         "mlp.shared_experts.down_proj.weight": "mlp.shared_experts.linear_fc2.weight",
     }
     return prefix + table.get(rest, rest)
-
-
-def _megatron_view(spec: ModelSpec) -> list[TensorSpec]:
-    arch = spec.arch
-    groups: dict[str, list[TensorSpec]] = {}
-    for tensor in spec.tensors:
-        if tensor.tied_to is not None:
-            continue  # Megatron shares the embedding with the output layer (share_embeddings_and_output_weights)
-        groups.setdefault(tensor.megatron_name, []).append(tensor)
-    out = []
-    for name, members in groups.items():
-        if len(members) == 1:
-            out.append(replace_tensor(members[0], name=name))
-            continue
-        first = members[0]
-        rows = sum(m.shape[0] for m in members)
-        shape = (rows, *first.shape[1:])
-        if "linear_qkv" in name:
-            groups_kv = arch.num_key_value_heads
-            per_group = rows // groups_kv  # (heads/kv + 2) * head_dim rows per query group
-            out.append(
-                TensorSpec(
-                    name=name,
-                    shape=shape,
-                    partition="fused_qkv",
-                    tp_dim=0,
-                    tp_parts=((groups_kv, per_group),),
-                    layer=first.layer,
-                    megatron_name=name,
-                )
-            )
-        else:  # linear_fc1 = [gate; up]
-            parts = tuple(part for m in members for part in m.tp_parts)
-            out.append(
-                TensorSpec(
-                    name=name,
-                    shape=shape,
-                    partition="fused_gate_up",
-                    tp_dim=0,
-                    tp_parts=parts,
-                    layer=first.layer,
-                    megatron_name=name,
-                )
-            )
-    return out
-
-
-def replace_tensor(tensor: TensorSpec, **changes) -> TensorSpec:
-    return replace(tensor, **changes)

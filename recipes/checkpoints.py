@@ -20,7 +20,6 @@ from pathlib import Path
 from recipes.records import write_atomic
 
 MARKER = "checkpoint_complete.json"
-TRACKER = "latest_checkpointed_iteration.txt"
 HASHED_BELOW = 1 << 20
 """files smaller than this (bytes) are hashed too; larger ones (model and optimizer shards) are checked by size"""
 

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import yaml
 
+from recipes.envvars import CONF_DIR
+
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 # a copied recipe (python -m recipes.copy) points this at its own conf/ folder
-CONF_DIR_ENV = "KLPPO_CONF_DIR"
+CONF_DIR_ENV = CONF_DIR
 
 
 def conf_dir() -> Path:

@@ -25,10 +25,11 @@ from recipes.errors import ConfigError
 from recipes.nccl_env import ENV_KEY, WorkerEnv, adapt_ray_init, worker_env
 from recipes.validate import ValidatedRun
 from recipes.verl_ext import api as verl
+from recipes.verl_ext.stability import HOOKS_MODULE
 
 # verl hides plugin import errors; naming the plugin and the stability hooks here makes a refusal (wrong verl) loud
 # in every worker, and registers the stability trainer and the KL guard there
-EXTERNAL_MODULES = "recipes.verl_ext.plugin,recipes.verl_ext.stability.verl_hooks"
+EXTERNAL_MODULES = f"recipes.verl_ext.plugin,{HOOKS_MODULE}"
 
 
 @dataclass(frozen=True)

@@ -58,11 +58,6 @@ NAME_FED_KEYS: dict[str, str] = {
 REPEATED_KEYS = {**LAYOUT_FED_KEYS, **NAME_FED_KEYS}
 
 
-def present_keys(cfg: DictConfig) -> list[str]:
-    """The layout-fed verl keys that exist under the chosen strategy."""
-    return [key for key in LAYOUT_FED_KEYS if _exists(cfg, key)]
-
-
 def _exists(cfg: DictConfig, key: str) -> bool:
     parent, _, leaf = key.rpartition(".")
     node = OmegaConf.select(cfg, parent, throw_on_resolution_failure=False) if parent else cfg

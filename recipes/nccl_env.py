@@ -64,9 +64,6 @@ class WorkerEnv:
     nccl_version: str | None = None
     verl_version: str | None = None
 
-    def effective(self, key: str) -> str | None:
-        return self.env.get(key, self.inherited.get(key))
-
 
 def _plain(node) -> dict[str, str]:
     if node is None:

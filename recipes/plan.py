@@ -11,10 +11,8 @@ from omegaconf import DictConfig, OmegaConf
 from hybrid_engine.plan import ClusterSpec, Plan, PlanSettings, build_plan
 from hybrid_engine.plan.budget import auto_token_budgets
 from hybrid_engine.plan.render import gib_text
-from recipes.schema import PLAN_FORMATS, Cluster, Offload, SchemaError, load_section
+from recipes.schema import Cluster, Offload, SchemaError, load_section
 from recipes.schema import Plan as PlanKeys
-
-FORMATS = PLAN_FORMATS
 
 
 def cluster_spec(cfg: DictConfig) -> ClusterSpec:

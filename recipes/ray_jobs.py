@@ -33,6 +33,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from recipes import envvars
 from recipes.confdir import entry_command
 from recipes.defaults import GPU_INTENT
 from recipes.errors import ConfigError
@@ -49,7 +50,7 @@ SWEEP_RECORD = "sweep_results.json"
 # overrides that choose how to launch: the job itself always runs launcher=local on the cluster
 _LAUNCH_KEYS = ("launcher", "hydra/launcher")
 # env that the job's driver needs whatever the run: unbuffered logs; ray.init's runtime env may repeat the job's keys
-BASE_JOB_ENV = {"PYTHONUNBUFFERED": "1", "RAY_OVERRIDE_JOB_RUNTIME_ENV": "1", "KLPPO_RAY_JOB": "1"}
+BASE_JOB_ENV = {"PYTHONUNBUFFERED": "1", "RAY_OVERRIDE_JOB_RUNTIME_ENV": "1", envvars.RAY_JOB: "1"}
 
 
 # -- connecting ---------------------------------------------------------------------------------------------------

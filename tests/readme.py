@@ -2,7 +2,7 @@
 
 A test passes what the command printed; :func:`check_block` compares it with the README's block line by line,
 numbers, times and run-folder stamps masked and column padding collapsed (``KLPPO_UPDATE_README=1`` writes this
-output into the README instead).
+output into the README instead; refused, the test failing, where ``CI=true``: CI never passes by rewriting).
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 _NUMBER = re.compile(r"[-+]?\d+(\.\d+)?(e[-+]?\d+)?")
@@ -28,10 +30,20 @@ def check_block(start: str, end: str, header: list[str], lines: list[str],
     ``...`` written above them); lines for which ``ignored`` is true are not compared (run-to-run variation)."""
     head, rest = README.read_text().split(start, 1)
     shown, tail = rest.split(end, 1)
-    if os.environ.get("KLPPO_UPDATE_README") == "1":
+    if _update_requested():
         README.write_text(f"{head}{start}\n```\n" + "\n".join([*header, *lines]) + f"\n```\n{end}{tail}")
         return
     readme_lines = [line for line in shown.strip().splitlines()
                     if line.strip() not in _HEADER and not line.startswith("$ ")]
     assert [shape(x) for x in readme_lines if not ignored(x)] == [shape(x) for x in lines if not ignored(x)], (
         f"the README's block after {start} differs from what the command prints; rerun with KLPPO_UPDATE_README=1")
+
+
+def _update_requested() -> bool:
+    """Whether ``KLPPO_UPDATE_README=1`` asks to rewrite the README; under ``CI=true`` that fails the test instead."""
+    if os.environ.get("KLPPO_UPDATE_README") != "1":
+        return False
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail("KLPPO_UPDATE_README=1 rewrites the README's sample output; refused under CI=true (a CI run must "
+                    "compare the README with what the command prints, not rewrite it)")
+    return True

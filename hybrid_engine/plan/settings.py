@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DTYPE_BYTES", "FSDP_FAMILY", "OFFLOAD_CHOICES", "STRATEGIES", "ClusterSpec", "PlanSettings", "dtype_bytes"]
+__all__ = ["DTYPE_BYTES", "FSDP_FAMILY", "STRATEGIES", "ClusterSpec", "PlanSettings", "dtype_bytes"]
 
 STRATEGIES = ("fsdp", "fsdp2", "megatron", "veomni")
 # engines that shard every parameter over the data-parallel ranks (VeOmni is FSDP2 with Ulysses and expert parallel)
 FSDP_FAMILY = ("fsdp", "fsdp2", "veomni")
-OFFLOAD_CHOICES = ("none", "param", "optimizer", "full")
 DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float32": 4, "fp32": 4, "float8": 1, "fp8": 1}
 
 GIB = 1024**3
@@ -122,15 +121,6 @@ class PlanSettings:
     update micro-batch never holds more."""
     rollout_sequences_per_gpu: int | None = None
     """Sequences one GPU scores per log-prob pass: train_batch_size * rollout.n / dp; None = unknown."""
-
-    @classmethod
-    def with_offload(cls, offload: str, **kwargs) -> PlanSettings:
-        """Settings from an offload group name: none, param, optimizer or full."""
-        if offload not in OFFLOAD_CHOICES:
-            raise ValueError(f"unknown offload {offload!r}; choose one of {list(OFFLOAD_CHOICES)}")
-        return cls(
-            param_offload=offload in ("param", "full"), optimizer_offload=offload in ("optimizer", "full"), **kwargs
-        )
 
     @property
     def offload(self) -> str:

@@ -27,6 +27,12 @@ def _groups(t, p, d, t_g, p_g, **train):
     return hybrid_groups(TrainLayout(dp=d, tp=t, pp=p, **train), InferLayout(tp=t_g, pp=p_g).resolve(world))
 
 
+def _engine_of(g, rank):
+    """The ranks of ``rank``'s generation engine, read from the per-rank ``engine`` array the planner reads."""
+    engines = g.arrays["engine"]
+    return [int(r) for r in (engines == engines[rank]).nonzero()[0]]
+
+
 def test_paper_vector_t8_p4_to_t4():
     g = _groups(8, 4, 1, 4, 1)
     assert g.groups("micro_dp") == [
@@ -54,7 +60,7 @@ def test_pipeline_merge_groups():
     g = _groups(2, 4, 1, 2, 2)  # k_p = 2: stages {0,1} and {2,3} merge
     assert g.groups("micro_dp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
     assert g.gen_pp_group(0) == [0, 4]
-    assert g.engine_ranks(0) == [0, 1, 4, 5]
+    assert _engine_of(g, 0) == [0, 1, 4, 5]
 
 
 def test_cp_folds_into_data():
@@ -128,7 +134,7 @@ def test_groups_partition_and_shards_nest(layout):
         assert sorted(infos[r].gen_tp for r in grp) == list(range(t_g))
         assert len({(infos[r].micro_dp, infos[r].stage, infos[r].data) for r in grp}) == 1
     # an engine has t_g * p_g ranks, one per (gen_pp, gen_tp)
-    engine = g.engine_ranks(0)
+    engine = _engine_of(g, 0)
     assert sorted((infos[r].gen_pp, infos[r].gen_tp) for r in engine) == [
         (a, b) for a in range(p_g) for b in range(t_g)
     ]
@@ -148,7 +154,7 @@ def test_diff_tp_gets_verl_placement_only_when_asked():
     assert g.placement == "verl" and not g.hybridflow
     assert (g.k_t, g.k_p, g.d_g, g.num_micro_dp_groups, g.num_engines) == (0, 0, 0, 0, 2)
     assert g.groups("gen_tp") == [[0, 1, 2, 3], [4, 5, 6, 7]] and g.groups("micro_dp") == []
-    assert g.gen_tp_group(6) == [4, 5, 6, 7] and g.engine_ranks(6) == [4, 5, 6, 7]
+    assert g.gen_tp_group(6) == [4, 5, 6, 7] and _engine_of(g, 6) == [4, 5, 6, 7]
     a = g.arrays
     assert a["gen_tp"].tolist() == [0, 1, 2, 3, 0, 1, 2, 3] and a["engine"].tolist() == [0] * 4 + [1] * 4
     # Megatron order tp-cp-ep-dp-pp: ranks 0-3 are stage 0 (tp 0, 1 of dp 0 and 1), ranks 4-7 stage 1
@@ -164,7 +170,7 @@ def test_verl_placement_with_generation_pipeline():
     g = hybrid_groups(TrainLayout(tp=2, pp=2).resolve(8), InferLayout(tp=2, pp=4).resolve(8), placement="auto")
     assert g.placement == "verl"  # infer.pp(4) does not divide train.pp(2)
     assert g.gen_pp_group(3) == [1, 3, 5, 7] and g.groups("gen_pp") == [[0, 2, 4, 6], [1, 3, 5, 7]]
-    assert g.engine_ranks(5) == list(range(8))
+    assert _engine_of(g, 5) == list(range(8))
 
 
 def test_auto_keeps_hybridflow_where_it_applies():

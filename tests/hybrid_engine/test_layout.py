@@ -30,7 +30,7 @@ def test_leftover_dp_is_filled():
     layout = TrainLayout(tp=2, pp=2, cp=2).resolve(32)
     assert layout.dp == 4 and layout.world_size == 32
     assert InferLayout(tp=4).resolve(32).dp == 8
-    assert TrainLayout(dp=-1, tp=8).resolve(8).dp_enabled is False
+    assert TrainLayout(dp=-1, tp=8).resolve(8).dp == 1
 
 
 def test_leftover_dp_not_divisible():
@@ -54,16 +54,9 @@ def test_bad_order():
         TrainLayout(tp=2, order="tp-dp")
 
 
-def test_enabled_flags():
+def test_world_size_leaves_ep_inside_dp_cp():
     layout = TrainLayout(dp=2, tp=4, pp=1, cp=2, ep=2)
-    assert (layout.dp_enabled, layout.tp_enabled, layout.pp_enabled, layout.cp_enabled, layout.ep_enabled) == (
-        True,
-        True,
-        False,
-        True,
-        True,
-    )
-    assert layout.world_size == 16 and layout.model_parallel_size == 4
+    assert layout.world_size == 16
 
 
 def test_megatron_rank_order():

@@ -5,18 +5,17 @@ import json
 import pytest
 
 from hybrid_engine.model_spec import (
-    HUB_IDS,
     MODEL_CONFIG_DIR,
     SHIPPED_HUB_IDS,
     ModelSpecError,
     arch_from_config,
     build_spec,
-    hub_id,
     load_arch,
     looks_like_hub_id,
     shipped_models,
     shipped_name_of_hub_id,
 )
+from hybrid_engine.reshard.shards import box_numel, megatron_layout, tp_box, unique_tensors
 
 SHIPPED = [
     "deepseek_v3",
@@ -33,8 +32,6 @@ SHIPPED = [
 
 def test_shipped_models_listed():
     assert shipped_models() == SHIPPED
-    assert hub_id("qwen2_7b") == "Qwen/Qwen2-7B"
-    assert hub_id("deepseek_v3") == "deepseek-ai/DeepSeek-V3"
 
 
 def test_unknown_model_lists_the_choices():
@@ -183,12 +180,13 @@ def test_partition_tags():
     assert spec[layer + "input_layernorm.weight"].partition == "replicated"
     k_proj = spec[layer + "self_attn.k_proj.weight"]
     assert k_proj.gqa_kv and k_proj.tp_parts == ((4, 128),)
-    assert k_proj.kv_replicas(8) == 2 and k_proj.kv_replicas(4) == 1
-    # tp 8 over 4 kv heads: every rank holds one whole head (128 rows)
-    assert [k_proj.tp_slice_numel(8, r) for r in range(8)] == [128 * 3584] * 8
+    # tp 8 over 4 kv heads: every rank holds one whole head (128 rows), each head on two ranks
+    k_rows = [tp_box(k_proj, 8, r)[0] for r in range(8)]
+    assert k_rows == [(h * 128, h * 128 + 128) for h in (0, 0, 1, 1, 2, 2, 3, 3)]
+    assert {tp_box(k_proj, 4, r)[0] for r in range(4)} == {(h * 128, h * 128 + 128) for h in range(4)}
     # 28 query heads over tp 8: 3 or 4 heads per rank, all 28 held once
     q_proj = spec[layer + "self_attn.q_proj.weight"]
-    sizes = [q_proj.tp_slice_numel(8, r) // (128 * 3584) for r in range(8)]
+    sizes = [box_numel(tp_box(q_proj, 8, r)) // (128 * 3584) for r in range(8)]
     assert sizes == [3, 4, 3, 4, 3, 4, 3, 4] and sum(sizes) == 28
 
 
@@ -215,20 +213,23 @@ def test_moe_and_mla_tags():
     assert spec["model.layers.2.mlp.gate_proj.weight"].shape == (18432, 7168)  # first_k_dense_replace = 3
 
 
-def test_megatron_view_fuses_qkv_and_gate_up():
+def test_megatron_layout_fuses_qkv_and_gate_up():
+    """The resharder's Megatron storage (``megatron_layout``): q/k/v fused into ``linear_qkv``, gate and up into
+    ``linear_fc1``, and a TP rank holds the same elements as its HF tensor-parallel slices."""
     spec = build_spec("qwen2_5_7b")
-    view = {t.name: t for t in spec.megatron_view()}
-    qkv = view["decoder.layers.0.self_attention.linear_qkv.weight"]
-    assert (qkv.shape, qkv.partition, qkv.tp_parts) == ((3584 + 2 * 512, 3584), "fused_qkv", ((4, 1152),))
-    fc1 = view["decoder.layers.0.mlp.linear_fc1.weight"]
-    assert (fc1.shape, fc1.partition, fc1.tp_parts) == ((2 * 18944, 3584), "fused_gate_up", ((18944, 1), (18944, 1)))
-    assert view["decoder.layers.0.self_attention.linear_qkv.bias"].shape == (4608,)
-    assert sum(t.numel for t in view.values()) == spec.numel
-    # a TP rank holds the same bytes in both views when heads and query groups divide tp
+    layer0 = "model.layers.0."
+    storage = megatron_layout(spec, 0, 1, 1, 0)
+    qkv = storage["decoder.layers.0.self_attention.linear_qkv.weight"]
+    assert {name for name, _ in qkv} == {layer0 + f"self_attn.{m}_proj.weight" for m in "qkv"}
+    assert sum(box_numel(box) for _, box in qkv) == (3584 + 2 * 512) * 3584
+    fc1 = storage["decoder.layers.0.mlp.linear_fc1.weight"]
+    assert [name for name, _ in fc1] == [layer0 + "mlp.gate_proj.weight", layer0 + "mlp.up_proj.weight"]
+    assert sum(box_numel(box) for _, box in fc1) == 2 * 18944 * 3584
+    assert sum(box_numel(box) for _, box in storage["decoder.layers.0.self_attention.linear_qkv.bias"]) == 4608
     for tp in (1, 2, 4):
         for rank in range(tp):
-            hf = sum(t.tp_slice_numel(tp, rank) for t in spec.tensors)
-            assert hf == sum(t.tp_slice_numel(tp, rank) for t in view.values())
+            held = sum(box_numel(box) for parts in megatron_layout(spec, 0, 1, tp, rank).values() for _, box in parts)
+            assert held == sum(box_numel(tp_box(t, tp, rank)) for t in unique_tensors(spec))
 
 
 def test_unknown_family_needs_meta(tmp_path):
@@ -318,10 +319,7 @@ def test_hub_ids_map_to_shipped_configs(hub, name):
     assert load_arch(hub) == load_arch(name) and load_arch(hub).name == name
 
 
-def test_every_canonical_hub_id_is_in_the_table():
-    for name, hub in HUB_IDS.items():
-        if hub:
-            assert shipped_name_of_hub_id(hub) == name
+def test_every_shipped_model_but_tiny_has_hub_ids():
     assert set(SHIPPED_HUB_IDS) == set(shipped_models()) - {"tiny"}
 
 

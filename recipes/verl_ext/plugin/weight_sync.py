@@ -45,7 +45,6 @@ __all__ = [
     "export_sharded",
     "open_weight_stream",
     "read_sync_log",
-    "sharded_export_enabled",
     "check_generation_side",
     "check_training_side",
     "training_checksums",
@@ -64,10 +63,6 @@ def enable_sharded_export() -> None:
     """Called by the hf rollout adapter: from now on this process's FSDP engines export :class:`ShardedWeights`."""
     global _SHARDED_EXPORT
     _SHARDED_EXPORT = True
-
-
-def sharded_export_enabled() -> bool:
-    return _SHARDED_EXPORT
 
 
 def export_sharded(engine, per_tensor_param):

@@ -33,13 +33,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from recipes.records import write_atomic
-from recipes.schema import KL, KL_MODES, load_section
+from recipes.schema import KL, load_section
 
 STATE_FILE = "kl_control.json"
 """File name of the controller state inside verl's ``global_step_<n>`` checkpoint folder."""
-
-MODES = KL_MODES
-
 
 @dataclass(kw_only=True, slots=True)
 class KLSettings:

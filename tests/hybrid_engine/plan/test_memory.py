@@ -106,7 +106,8 @@ def test_optimizer_step_decides_when_the_pass_is_small():
 def test_offload_lowers_generation_not_training():
     spec = build_spec("qwen2_5_7b")
     none = _fsdp(spec, 8, 2, PlanSettings(strategy="fsdp2"), gen_bytes=7 * GIB)
-    full = _fsdp(spec, 8, 2, PlanSettings.with_offload("full", strategy="fsdp2"), gen_bytes=7 * GIB)
+    offloaded = PlanSettings(strategy="fsdp2", param_offload=True, optimizer_offload=True)
+    full = _fsdp(spec, 8, 2, offloaded, gen_bytes=7 * GIB)
     actor = none["actor"]
     assert none["phases"]["training"] == full["phases"]["training"] + none["ref_params"]
     assert none["phases"]["generation"] - full["phases"]["generation"] == (

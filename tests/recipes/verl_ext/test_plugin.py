@@ -79,7 +79,10 @@ def test_cpu_device_module_has_what_verl_calls():
     assert torch.equal(first, torch.rand(3))
 
 
-def test_cpu_platform_is_not_wanted_with_an_accelerator_build(monkeypatch):
+def test_simulated_cuda_build_does_not_want_the_cpu_platform(monkeypatch):
+    """The plugin's choice of platform under a CUDA build of torch; ``VERL_PLATFORM=cpu`` still forces the CPU one.
+
+    Simulated: torch.version.cuda "12.4", monkeypatched on CPU torch. Real: the plugin's platform choice."""
     monkeypatch.delenv("VERL_PLATFORM", raising=False)
     monkeypatch.setattr(torch.version, "cuda", "12.4")
     assert accelerator_build() == "cuda"
@@ -99,9 +102,11 @@ def _cuda_build_probe(flash_attn: bool, tmp_path):
 
 
 @pytest.mark.slow
-def test_importing_the_plugin_with_cuda_changes_nothing(tmp_path):
+def test_simulated_cuda_build_with_flash_attn_import_changes_nothing(tmp_path):
     """With a CUDA build of torch and flash-attn installed, importing verl (and so the plugin) registers no CPU
-    platform and patches nothing."""
+    platform and patches nothing.
+
+    Simulated: CPU torch reports torch.version.cuda "12.4", flash_attn a stub. Real: verl, transformers, the plugin."""
     probe = textwrap.dedent(
         """
         import os, torch
@@ -129,11 +134,13 @@ def test_importing_the_plugin_with_cuda_changes_nothing(tmp_path):
 
 
 @pytest.mark.slow
-def test_cuda_without_flash_attn_loads_the_critic_with_sdpa(assets, tmp_path):
+def test_simulated_cuda_build_without_flash_attn_loads_the_critic_with_sdpa(assets, tmp_path):
     """The KL-PPO critic on a GPU machine without flash-attn (seen on an H200, 2026-12-01): verl 0.9.1 loads the value
     model with a hard-coded flash_attention_2, then falls back to trl's value head and fails ("please install trl").
     With a CUDA build and no flash_attn, the plugin's loader gives verl's first choice, a one-label token
-    classification head, with sdpa; nothing else is patched (verl's CUDA platform, its process group)."""
+    classification head, with sdpa; nothing else is patched (verl's CUDA platform, its process group).
+
+    Simulated: CPU torch reports torch.version.cuda "12.4", no flash_attn. Real: verl, transformers, the plugin."""
     probe = textwrap.dedent(
         f"""
         import os, importlib.util, torch
@@ -161,12 +168,14 @@ def test_cuda_without_flash_attn_loads_the_critic_with_sdpa(assets, tmp_path):
 
 
 @pytest.mark.slow
-def test_cuda_without_flash_attn_runs_remove_padding_batches_with_pack_varlen(assets, tmp_path):
+def test_simulated_cuda_build_without_flash_attn_runs_remove_padding_batches_with_pack_varlen(assets, tmp_path):
     """The recipes' default batches (batching=dynamic: use_remove_padding, one packed row per micro-batch) on a GPU
     machine without flash-attn: verl's model config would name flash_attention_2, which transformers refuses there.
     The plugin names pack_varlen instead, for the actor and the critic; a packed row of two sequences then gives
     each sequence's own logits (sdpa over the packed row would let the second attend to the first). A typed
-    attention is kept."""
+    attention is kept.
+
+    Simulated: CPU torch reports torch.version.cuda "12.4", no flash_attn. Real: verl, transformers, the plugin."""
     probe = textwrap.dedent(
         f"""
         import os, importlib.util, torch
