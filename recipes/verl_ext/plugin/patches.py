@@ -446,7 +446,7 @@ def _no_te_engine_config(engine_config) -> None:
         def __post_init__(self):
             # vanilla_mbridge is frozen once set (verl's BaseConfig): written as dataclass __init__ writes it
             object.__setattr__(self, "vanilla_mbridge", True)
-            object.__setattr__(self, "use_remove_padding", False)
+            self.use_remove_padding = False
             self.override_transformer_config["masked_softmax_fusion"] = False  # in place: the field is frozen
             _note_no_te_once()
             original(self)
