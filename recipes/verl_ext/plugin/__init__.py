@@ -14,7 +14,9 @@ verl imports this package in every process that imports verl (entry-point group 
    nothing of this happens; there, only where the flash-attn package is missing, models take ``pack_varlen``
    attention and the critic's value model its config's attention instead of verl's hard-coded flash_attention_2,
    and log-probs a chunked fp32 function instead of verl's row loop (:func:`.patches.apply_flash_attn_fallbacks`).
-   On every machine the v1 replay buffer takes its poll interval from ``trainer.v1.sampler.sampler_kwargs``.
+   On every machine the v1 replay buffer takes its poll interval from ``trainer.v1.sampler.sampler_kwargs``, and
+   where TransformerEngine is missing ``strategy=megatron`` runs Megatron's local layer spec
+   (:func:`.patches.apply_no_te_patches`).
 
 The verl overrides that go with it are in :mod:`.cpu_overrides` (``CPU_VERL_OVERRIDES``); :mod:`.demo_run` runs and
 measures ``main_ppo`` (bench script, e2e tests).
@@ -68,6 +70,7 @@ def install() -> None:
     patches.apply_rollout_patches()
     patches.apply_record_patches()
     patches.apply_trainer_patches()
+    patches.apply_no_te_patches()  # strategy=megatron without TransformerEngine; nothing where TE is installed
     patches.when_imported(
         "verl.workers.rollout.replica",
         lambda replica: replica.RolloutReplicaRegistry.register("hf", _load_hf_replica),

@@ -34,6 +34,19 @@ and the FSDP engine's own reference)        every token (``logprobs_from_logits_
                                             FSDP2 state dict (``weight_sync.export_sharded``), so the rollout's
                                             weight sync runs through ``hybrid_engine.reshard``; elsewhere, and for
                                             LoRA/QAT/FSDP1, verl's generator is returned as it is.
+``McoreEngineConfig.__post_init__``,        only where TransformerEngine cannot be imported (``apply_no_te_patches``;
+mbridge's ``get_gpt_decoder_block_spec``    pinned to :data:`SUPPORTED_MEGATRON`): mbridge hard-codes the TE layer
+and ``_weight_name_mapping_mcore_to_hf``,   spec (``use_transformer_engine=True``) and Megatron-Bridge, verl's default,
+``model_forward.preprocess_bshd_engine``,   needs TE too. The engine takes ``vanilla_mbridge`` (mbridge), padded
+                                            batches (``use_remove_padding=False``: the packed ``thd`` path is TE's)
+                                            and ``masked_softmax_fusion=False``; mbridge builds megatron-core's local
+                                            spec, whose separate layernorms (``input_layernorm``,
+                                            ``pre_mlp_layernorm``) map to the HF names of TE's fused ones; the
+                                            local attention gets no mask (megatron-core masks where the mask is
+                                            True, verl's bshd mask is True on the tokens to keep; right-padded
+                                            rows under the causal mask need none). mbridge reads
+``LLMBridge._get_gptmodel_args``            ``hf_config.rope_theta``, which transformers 5 keeps in
+                                            ``rope_parameters``: it takes verl's ``get_hf_rope_theta``.
 ==========================================  ===================================================================
 
 Patches to modules that are slow to import (the engines pull in transformers and peft) are applied right after the
@@ -55,12 +68,15 @@ import sys
 from collections.abc import Callable
 
 __all__ = [
+    "SUPPORTED_MEGATRON",
     "SUPPORTED_VERL",
     "UnsupportedVerlError",
     "apply_cpu_patches",
+    "apply_no_te_patches",
     "apply_flash_attn_fallbacks",
     "apply_trainer_patches",
     "flash_attn_installed",
+    "transformer_engine_installed",
     "apply_rollout_patches",
     "installed_verl_version",
     "require_supported_verl",
@@ -71,6 +87,9 @@ logger = logging.getLogger(__name__)
 
 SUPPORTED_VERL = "0.9.1"
 """The one verl version whose internals these patches were written against."""
+
+SUPPORTED_MEGATRON = {"megatron-core": "0.16.1", "mbridge": "0.15.1"}
+"""The megatron packages the no-TE patch was written against: the ``[megatron]`` extra of pyproject.toml pins these."""
 
 _ROLLOUT_ADAPTER = "recipes.verl_ext.plugin.hf_rollout.HFRolloutAdapter"
 
@@ -385,3 +404,133 @@ def apply_cpu_patches() -> None:
     when_imported("verl.utils.model", _sdpa_value_model)
     when_imported("verl.workers.engine", _register_cpu_engines)
     when_imported("verl.workers.engine.fsdp.transformer_impl", _unpinned_cpu_offload)
+
+
+# ---- strategy=megatron without TransformerEngine -----------------------------------------------------------------
+
+NO_TE_NOTE = (
+    "note: TransformerEngine not installed: strategy=megatron runs with Megatron's local layer spec "
+    "(mbridge, padded batches, unfused softmax)"
+)
+
+
+def transformer_engine_installed() -> bool:
+    """True where the transformer_engine package can be imported (mbridge's layer spec and Megatron-Bridge need it)."""
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def apply_no_te_patches() -> None:
+    """Where TransformerEngine cannot be imported: verl's Megatron engine runs mbridge with megatron-core's local
+    layer spec (see the table above). Said once on stderr. Where TE is installed nothing changes."""
+    require_supported_verl()
+    if transformer_engine_installed():
+        return
+    when_imported("verl.workers.config.engine", _no_te_engine_config)
+    when_imported("verl.models.mcore.model_forward", _no_bshd_attention_mask)
+    when_imported("mbridge.core.llm_bridge", _local_layer_spec)
+    when_imported("mbridge.core.llm_bridge", _rope_theta_from_rope_parameters)
+    when_imported("mbridge.core.bridge", _local_layernorm_names)
+
+
+def _note_no_te_once() -> None:
+    if not getattr(_note_no_te_once, "said", False):
+        _note_no_te_once.said = True
+        print(NO_TE_NOTE, file=sys.stderr, flush=True)
+
+
+def _no_te_engine_config(engine_config) -> None:
+    require_supported_verl()
+
+    def wrap(original):
+        @functools.wraps(original)
+        def __post_init__(self):
+            # vanilla_mbridge is frozen once set (verl's BaseConfig): written as dataclass __init__ writes it
+            object.__setattr__(self, "vanilla_mbridge", True)
+            self.use_remove_padding = False
+            self.override_transformer_config["masked_softmax_fusion"] = False  # in place: the field is frozen
+            _note_no_te_once()
+            original(self)
+
+        return __post_init__
+
+    _wrap_once(engine_config.McoreEngineConfig, "__post_init__", "_hybrid_engine_no_te", wrap)
+
+
+def _no_bshd_attention_mask(model_forward) -> None:
+    require_supported_verl()
+
+    def wrap(original):
+        @functools.wraps(original)
+        def preprocess_bshd_engine(*args, **kwargs):
+            input_ids, _mask_true_on_tokens, position_ids = original(*args, **kwargs)
+            return input_ids, None, position_ids
+
+        return preprocess_bshd_engine
+
+    _wrap_once(model_forward, "preprocess_bshd_engine", "_hybrid_engine_no_te", wrap)
+
+
+def _local_layer_spec(llm_bridge) -> None:
+    require_supported_megatron()
+
+    def wrap(original):
+        @functools.wraps(original)
+        def get_gpt_decoder_block_spec(config, use_transformer_engine=True, **kwargs):
+            return original(config, use_transformer_engine=False, **kwargs)
+
+        return get_gpt_decoder_block_spec
+
+    _wrap_once(llm_bridge, "get_gpt_decoder_block_spec", "_hybrid_engine_no_te", wrap)
+
+
+def _rope_theta_from_rope_parameters(llm_bridge) -> None:
+    require_supported_megatron()
+
+    def wrap(original):
+        @functools.wraps(original)
+        def _get_gptmodel_args(self):
+            # lazy: verl's megatron utils, only a process that builds a Megatron model needs them
+            from verl.utils.megatron_utils import get_hf_rope_theta
+
+            if getattr(self.hf_config, "rope_theta", None) is None:
+                self.hf_config.rope_theta = get_hf_rope_theta(self.hf_config)
+            return original(self)
+
+        return _get_gptmodel_args
+
+    _wrap_once(llm_bridge.LLMBridge, "_get_gptmodel_args", "_hybrid_engine_no_te", wrap)
+
+
+_LOCAL_TO_TE_NAMES = {
+    ".input_layernorm.weight": ".self_attention.linear_qkv.layer_norm_weight",
+    ".pre_mlp_layernorm.weight": ".mlp.linear_fc1.layer_norm_weight",
+}
+
+
+def _local_layernorm_names(bridge) -> None:
+    require_supported_megatron()
+
+    def wrap(original):
+        @functools.wraps(original)
+        def _weight_name_mapping_mcore_to_hf(self, mcore_weights_name: str) -> list[str]:
+            for local, fused in _LOCAL_TO_TE_NAMES.items():
+                if mcore_weights_name.endswith(local):
+                    mcore_weights_name = mcore_weights_name[: -len(local)] + fused
+                    break
+            return original(self, mcore_weights_name)
+
+        return _weight_name_mapping_mcore_to_hf
+
+    _wrap_once(bridge.Bridge, "_weight_name_mapping_mcore_to_hf", "_hybrid_engine_no_te", wrap)
+
+
+def require_supported_megatron() -> None:
+    """Raise :class:`UnsupportedVerlError` where megatron-core or mbridge is not the version in
+    :data:`SUPPORTED_MEGATRON` (the no-TE patch rewrites their internals)."""
+    for package, wanted in SUPPORTED_MEGATRON.items():
+        found = importlib.metadata.version(package)
+        if found != wanted:
+            raise UnsupportedVerlError(
+                f"the no-TransformerEngine patch supports {package}=={wanted} only, found {package}=={found}: "
+                f"pip install 'klppo-recipes[megatron]'"
+            )
