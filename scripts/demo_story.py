@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.out:
                 keep = args.out / folder.name
                 keep.mkdir(parents=True, exist_ok=True)
-                for name in ("metrics.jsonl", "bands.json", "terminal.txt", "resolved_config.yaml"):
+                for name in ("metrics.jsonl", "bands.json", "terminal.txt"):
                     shutil.copy(folder / name, keep / name)
         mine = [r for r in results if r["recipe"] == recipe]
         print(f"{recipe} worst of {len(mine)}: margin {min(r['margin'] for r in mine):+.3f}, "

@@ -4,7 +4,8 @@ Builds a tiny Qwen2-shaped HF model with random weights (no hub), loads it throu
 ``vanilla_mbridge`` path) with the pack's no-TE patch (``recipes.verl_ext.plugin.patches.apply_no_te_patches``),
 compares the logits with HF's, and exports the weights back to HF names.
 
-    PYTHONPATH=/work/megatron_site python scripts/probe_megatron_no_te.py
+    pip install --no-deps --target /tmp/megatron_site megatron-core==0.16.1 mbridge==0.15.1 einops
+    PYTHONPATH=/tmp/megatron_site python scripts/probe_megatron_no_te.py
 
 needs megatron-core and mbridge at the versions of pyproject's ``[megatron]`` extra, and no transformer_engine.
 On the CPU only: ``Module.cuda`` is a no-op here (mbridge's ``get_model`` moves the model to the GPU).
