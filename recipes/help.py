@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from recipes.confdir import conf_dir, group_options, pack_groups, recipe_defaults
+from recipes.errors import ConfigError
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -227,6 +228,21 @@ def help_topic(argv: list[str]) -> tuple[bool, str | None]:
     return False, None
 
 
+def without_help(argv: list[str]) -> list[str]:
+    """``argv`` less the help flag and its topic (as ``help_topic`` reads them): the run's own overrides."""
+    rest, index = [], 0
+    while index < len(argv):
+        arg = argv[index]
+        index += 1
+        if arg in HELP_FLAGS:
+            following = argv[index] if index < len(argv) else None
+            if following is not None and not following.startswith("-") and "=" not in following:
+                index += 1
+        elif not arg.startswith("--help="):
+            rest.append(arg)
+    return rest
+
+
 def topics_list() -> str:
     return ", ".join([*TOPICS, *pack_groups()])
 
@@ -243,11 +259,10 @@ def print_help(recipe: str, prog: str, argv: list[str], embedded: dict[str, str]
         print(f"--help: unknown topic {topic!r}; choose from {topics_list()}", file=sys.stderr)
         return 2
     if TOPICS.get(topic, topic) == "kl":
-        from recipes.errors import ConfigError
         from recipes.help_values import kl_lines  # lazy: composes the config (Hydra), for this topic only
 
         try:
-            sys.stdout.write("\n" + "\n".join(kl_lines(recipe, argv)) + "\n")
+            sys.stdout.write("\n" + "\n".join(kl_lines(recipe, without_help(argv))) + "\n")
         except ConfigError as error:
             print(f"--help kl: the command line does not compose: {error}", file=sys.stderr)
             return 2

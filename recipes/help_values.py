@@ -11,22 +11,12 @@ from __future__ import annotations
 from omegaconf import OmegaConf
 
 from recipes.defaults import EMBEDDED_DEFAULTS, chooses_layout, has_accelerator
-from recipes.help import HELP_FLAGS
 
 
-def run_overrides(argv: list[str]) -> tuple[list[str], bool]:
-    """The overrides of ``argv`` without the help flag and its topic, and whether the embedded CPU default applies
-    (no GPU here and no layout chosen): then its group choices are added where the user chose none."""
-    rest, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
-        if arg in HELP_FLAGS:
-            skip = True
-            continue
-        if not arg.startswith("--help"):
-            rest.append(arg)
+def run_overrides(overrides: list[str]) -> tuple[list[str], bool]:
+    """The run's overrides, and whether the embedded CPU default applies (no GPU here and no layout chosen): then its
+    group choices are added where the user chose none."""
+    rest = list(overrides)
     embedded = not chooses_layout(rest) and not has_accelerator()
     if embedded:
         chosen = {arg.split("=", 1)[0].lstrip("+~") for arg in rest if "=" in arg}
@@ -34,11 +24,11 @@ def run_overrides(argv: list[str]) -> tuple[list[str], bool]:
     return rest, embedded
 
 
-def kl_lines(recipe: str, argv: list[str]) -> list[str]:
+def kl_lines(recipe: str, overrides: list[str]) -> list[str]:
     """The KL control this command line runs with: mode, target schedule, both coefficients, rule, guard."""
     from recipes.compose import compose_recipe  # lazy: Hydra composes only for this topic
 
-    overrides, embedded = run_overrides(argv)
+    overrides, embedded = run_overrides(overrides)
     cfg = compose_recipe(recipe, overrides)
     sel = lambda key: OmegaConf.select(cfg, key, default=None)  # noqa: E731
     where = "no GPU here: the embedded CPU default" if embedded else "as composed"

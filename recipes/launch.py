@@ -34,7 +34,7 @@ from recipes.defaults import EMBEDDED_DEFAULTS, chooses_layout, embedded_default
 from recipes.errors import ConfigError, exit_with, report
 from recipes.finalize import finalize
 from recipes.help import SCRIPTS, help_topic, print_help
-from recipes.needs import column_problems, machine_notes, train_problems
+from recipes.needs import column_problems, engine_notes, machine_notes, train_problems
 from recipes.overrides import has_hydra_flags
 from recipes.ray_jobs import preflight, submit_from_hydra
 from recipes.resolvers import register_resolvers
@@ -261,8 +261,10 @@ def machine_needs(run: ValidatedRun, action: str) -> ValidatedRun:
         problems = train_problems(run.cfg)
         if problems:
             raise ConfigError(problems)
-        return run
-    notes = tuple(f"note: {line}" for line in machine_notes(run.cfg))
+        lines = engine_notes(run.cfg)
+    else:
+        lines = engine_notes(run.cfg) + machine_notes(run.cfg)
+    notes = tuple(f"note: {line}" for line in lines)
     return replace(run, warnings=run.warnings + notes) if notes else run
 
 

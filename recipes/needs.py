@@ -131,6 +131,21 @@ def unwritable_checkpoint_dir(cfg: DictConfig) -> str | None:
     return None
 
 
+NO_TE_NOTE = (
+    "TransformerEngine not installed: strategy=megatron runs with Megatron's local layer spec "
+    "(mbridge, padded batches, unfused softmax)"
+)
+
+
+def engine_notes(cfg: DictConfig) -> list[str]:
+    """What a valid run is told of its engine here: strategy=megatron with megatron-core and mbridge importable and
+    TransformerEngine not (the pack's no-TE path, recipes/verl_ext/plugin/patches.py, runs it)."""
+    megatron = str(OmegaConf.select(cfg, "strategy.name", default="")) == "megatron"
+    if megatron and importable("megatron.core") and importable("mbridge") and not importable("transformer_engine"):
+        return [NO_TE_NOTE]
+    return []
+
+
 def train_problems(cfg: DictConfig) -> list[str]:
     """Everything that stops ``action=train`` on this machine before Ray starts (launcher=local)."""
     problems = missing_packages(cfg) + missing_data(cfg)

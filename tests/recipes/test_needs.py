@@ -5,12 +5,14 @@ one line each before Ray starts, leaving no folder; ``action=validate`` notes a 
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
 from omegaconf import OmegaConf
 
 from recipes.needs import gpu_shortfall, importable, missing_packages
+from tests.conftest import checkout_env
 
 needs_cpu_only = pytest.mark.skipif(importable("vllm") or importable("megatron.core"),
                                     reason="vllm or megatron-core is installed here")
@@ -41,11 +43,36 @@ def test_megatron_validates_on_a_cpu_machine_as_a_gpu_plan_with_a_note(tmp_path,
             "(megatron.core, mbridge): pip install 'klppo-recipes[megatron]'") in proc.stderr
 
 
+def _packages(root, *names):
+    """Empty importable packages (``megatron.core``): find_spec sees them; validation imports none of them."""
+    for name in names:
+        folder = root.joinpath(*name.split("."))
+        folder.mkdir(parents=True, exist_ok=True)
+        for parent in [folder, *folder.relative_to(root).parents][:-1]:
+            (root / parent / "__init__.py").touch()
+    return os.pathsep.join([str(root), checkout_env()["PYTHONPATH"]])
+
+
+@pytest.mark.skipif(importable("transformer_engine"), reason="TransformerEngine is installed here")
+def test_megatron_without_transformer_engine_is_noted_once_after_validation(tmp_path, recipe_cli):
+    site = _packages(tmp_path / "site", "megatron.core", "mbridge")
+    proc = recipe_cli("kl_ppo", "strategy=megatron", "parallel=tp1", "model=qwen2_5_0_5b", "action=validate",
+                      cwd=tmp_path, timeout=120, env={"PYTHONPATH": site})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("config OK: megatron train dp8 tp1")
+    assert proc.stderr.count("note: TransformerEngine not installed: strategy=megatron runs with Megatron's local "
+                             "layer spec (mbridge, padded batches, unfused softmax)") == 1
+    assert "strategy.name=megatron: training needs" not in proc.stderr  # both packages are importable
+    # a refused run says its error only (tests/recipes/test_fit.py: the first line is the config error)
+    refused = recipe_cli("kl_ppo", "strategy=megatron", "parallel=tp1", "model=qwen2_5_0_5b", "action=validate",
+                         "data.train_batch_size=7", cwd=tmp_path, timeout=120, env={"PYTHONPATH": site})
+    assert refused.returncode == 2 and refused.stderr.startswith("config error"), refused.stderr[-2000:]
+    assert "TransformerEngine" not in refused.stderr
+
+
 @needs_cpu_only
 def test_a_copy_made_with_strategy_megatron_validates_on_a_cpu_machine(tmp_path, recipe_cli):
     import subprocess
-
-    from tests.conftest import checkout_env
 
     team = tmp_path / "team"
     made = subprocess.run([sys.executable, "-m", "recipes.copy", "grpo", str(team), "parallel=tp8",

@@ -408,12 +408,6 @@ def apply_cpu_patches() -> None:
 
 # ---- strategy=megatron without TransformerEngine -----------------------------------------------------------------
 
-NO_TE_NOTE = (
-    "note: TransformerEngine not installed: strategy=megatron runs with Megatron's local layer spec "
-    "(mbridge, padded batches, unfused softmax)"
-)
-
-
 def transformer_engine_installed() -> bool:
     """True where the transformer_engine package can be imported (mbridge's layer spec and Megatron-Bridge need it)."""
     return importlib.util.find_spec("transformer_engine") is not None
@@ -421,7 +415,8 @@ def transformer_engine_installed() -> bool:
 
 def apply_no_te_patches() -> None:
     """Where TransformerEngine cannot be imported: verl's Megatron engine runs mbridge with megatron-core's local
-    layer spec (see the table above). Said once on stderr. Where TE is installed nothing changes."""
+    layer spec (see the table above); the launcher notes it once a run is valid (recipes/needs.py engine_notes). Where
+    TE is installed nothing changes."""
     require_supported_verl()
     if transformer_engine_installed():
         return
@@ -430,12 +425,6 @@ def apply_no_te_patches() -> None:
     when_imported("mbridge.core.llm_bridge", _local_layer_spec)
     when_imported("mbridge.core.llm_bridge", _rope_theta_from_rope_parameters)
     when_imported("mbridge.core.bridge", _local_layernorm_names)
-
-
-def _note_no_te_once() -> None:
-    if not getattr(_note_no_te_once, "said", False):
-        _note_no_te_once.said = True
-        print(NO_TE_NOTE, file=sys.stderr, flush=True)
 
 
 def _no_te_engine_config(engine_config) -> None:
@@ -448,7 +437,6 @@ def _no_te_engine_config(engine_config) -> None:
             object.__setattr__(self, "vanilla_mbridge", True)
             self.use_remove_padding = False
             self.override_transformer_config["masked_softmax_fusion"] = False  # in place: the field is frozen
-            _note_no_te_once()
             original(self)
 
         return __post_init__
