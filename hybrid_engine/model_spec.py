@@ -28,6 +28,7 @@ __all__ = [
     "build_spec",
     "load_arch",
     "looks_like_hub_id",
+    "shipped_name_of_folder",
     "shipped_name_of_hub_id",
     "shipped_models",
     "units_range",
@@ -61,12 +62,30 @@ SHIPPED_HUB_IDS: dict[str, tuple[str, ...]] = {
 that maps a hub id to a shipped config (``shipped_name_of_hub_id``, ``load_arch``)."""
 
 _BY_HUB_ID = {hub.lower(): name for name, hubs in SHIPPED_HUB_IDS.items() for hub in hubs}
+_HUB_SPELLING = {hub.lower(): hub for hubs in SHIPPED_HUB_IDS.values() for hub in hubs}
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 def shipped_name_of_hub_id(text: str) -> str | None:
     """The shipped config of hub id ``text`` (case-insensitive, as the hub resolves ids), or None."""
     return _BY_HUB_ID.get(str(text).strip().rstrip("/").lower())
+
+
+def shipped_name_of_folder(text: str) -> tuple[str, str] | None:
+    """(shipped config, hub id) whose model name a path names: its last folder (``/models/Qwen3-30B-A3B``) or a hub
+    cache folder on the way (``.../models--Qwen--Qwen3-30B-A3B/snapshots/<hash>``), case-insensitive; or None."""
+    parts = [part for part in str(text).strip().replace("\\", "/").split("/") if part]
+    for part in reversed(parts):
+        if part.lower().startswith("models--") and part.count("--") >= 2:
+            hub = "/".join(part.split("--", 2)[1:])
+            if (name := shipped_name_of_hub_id(hub)) is not None:
+                return name, _HUB_SPELLING[hub.lower()]
+    last = parts[-1].lower() if parts else ""
+    matches = {hub for hub in _HUB_SPELLING.values() if hub.split("/", 1)[1].lower() == last}
+    if len(matches) == 1:
+        (hub,) = matches
+        return shipped_name_of_hub_id(hub), hub
+    return None
 
 
 def looks_like_hub_id(text: str) -> bool:

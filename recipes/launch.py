@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from recipes.bundle import write_record
 from recipes.compose import adopt_engine_switch, adopt_verl_primary, explain_hydra_error, refuse_shared_parts
-from recipes.confdir import conf_dir, entry_command, recipe_defaults
+from recipes.confdir import conf_dir, entry_command, group_options, recipe_defaults
 from recipes.defaults import EMBEDDED_DEFAULTS, chooses_layout, embedded_defaults, gpu_only_strategy, has_accelerator
 from recipes.errors import ConfigError, exit_with, report
 from recipes.finalize import finalize
@@ -329,5 +329,15 @@ def describe(run: ValidatedRun) -> str:
     return (
         f"{cfg.strategy.name} train dp{t.dp} tp{t.tp} pp{t.pp} cp{t.cp} ep{t.ep} -> {cfg.rollout.name} "
         f"infer tp{i.tp} pp{i.pp} x{i.dp} replicas on {cfg.cluster.nnodes}x{cfg.cluster.gpus_per_node} "
-        f"{cfg.cluster.gpu.name}, {model}"
+        f"{gpu_phrase(str(cfg.cluster.gpu.name), hydra_overrides() or [])}, {model}"
     )
+
+
+def gpu_phrase(gpu: str, typed: list[str]) -> str:
+    """The GPU type of the ``config OK`` line; where the command line did not choose it (``cluster=``), that it was
+    assumed and how to choose another (the memory checks and the plan read its numbers)."""
+    chosen = any(arg.lstrip("+~").startswith(("cluster=", "cluster.gpu")) for arg in typed)
+    if chosen or gpu == "cpu":
+        return gpu
+    others = "|".join(option for option in group_options("cluster") if option not in (gpu, "cpu"))
+    return f"{gpu} (assumed; cluster={others} for another)"

@@ -23,6 +23,7 @@ from hybrid_engine.model_spec import (
     load_arch,
     looks_like_hub_id,
     shipped_models,
+    shipped_name_of_folder,
     shipped_name_of_hub_id,
 )
 from hybrid_engine.plan.settings import FSDP_FAMILY
@@ -156,6 +157,13 @@ def load_model_arch(
         warnings.append(f"{key}: {text} is {what}; checking model={name}'s shipped config in its place (it must "
                         f"be the same architecture)")
         return replace(shipped, source=f"model={name}, shipped config; {text} not read")
+    named = None if looks_like_hub_id(text) else shipped_name_of_folder(text)
+    if named is not None:
+        folder_model, hub = named
+        warnings.append(f"{key}: {text} is not a folder on this machine; its name is {hub}'s: checking "
+                        f"{folder_model}'s shipped config (model=<name> or a local folder with config.json "
+                        f"checks another)")
+        return replace(load_arch(folder_model), source=f"folder named {hub}, shipped config; {text} not read")
     message = (f"{key}: {text} is {what}, so its config.json cannot be read offline: the shape checks and the plan "
                f"need model=<name> of the same architecture ({', '.join(shipped_models())}) or a local folder "
                f"with config.json")

@@ -12,6 +12,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from hybrid_engine.model_spec import MODEL_CONFIG_DIR
+from recipes.launch import run_recipe
 
 # verl examples/grpo_trainer/run_qwen2-7b_seq_balance.sh after the shell expands it (as in test_verl_examples.py)
 HOME = str(Path.home())
@@ -88,8 +89,12 @@ def _validate(recipe_cli, tmp_path, *args, recipe="grpo"):
     return proc, (OmegaConf.load(written[-1]) if written else None)
 
 
+ASSUMED = "(assumed; cluster=a100_80g|h200_141g|h800_80g for another)"  # a GPU type the command line did not choose
+
+
 def _config_ok(proc) -> str:
-    (line,) = [line for line in proc.stdout.splitlines() if line.startswith("config OK: ")]
+    out = proc if isinstance(proc, str) else proc.stdout
+    (line,) = [line for line in out.splitlines() if line.startswith("config OK: ")]
     return line
 
 
@@ -98,10 +103,17 @@ def test_verl_seq_balance_example_checks_qwen2_7b_and_lands(tmp_path, recipe_cli
     assert proc.returncode == 0, proc.stderr
     assert EMBEDDED_NOTICE not in proc.stderr
     assert _config_ok(proc) == (
-        "config OK: fsdp2 train dp8 tp1 pp1 cp1 ep1 -> sglang infer tp2 pp1 x4 replicas on 1x8 h100_80g, "
-        "model qwen2_7b (hub id Qwen/Qwen2-7B-Instruct, shipped config)"
+        "config OK: fsdp2 train dp8 tp1 pp1 cp1 ep1 -> sglang infer tp2 pp1 x4 replicas on 1x8 h100_80g "
+        f"{ASSUMED}, model qwen2_7b (hub id Qwen/Qwen2-7B-Instruct, shipped config)"
     )
     assert _not_as_typed(SEQ_BALANCE, resolved) == []
+
+
+@pytest.mark.parametrize("chosen", ["cluster=h200_141g", "cluster.gpu.name=h200_141g"])
+def test_a_chosen_gpu_type_is_named_without_the_hint(chosen, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    run_recipe("grpo", ["trainer.n_gpus_per_node=8", chosen, "action=validate"])
+    assert " replicas on 1x8 h200_141g, model " in _config_ok(capsys.readouterr().out)
 
 
 def test_verl_layout_keys_alone_mean_a_gpu_run(tmp_path, recipe_cli):
@@ -109,7 +121,8 @@ def test_verl_layout_keys_alone_mean_a_gpu_run(tmp_path, recipe_cli):
     assert proc.returncode == 0, proc.stderr
     assert EMBEDDED_NOTICE not in proc.stderr
     line = _config_ok(proc)
-    assert "on 1x8 h100_80g" in line and "model llama3_1_8b (hub id meta-llama/Llama-3.1-8B-Instruct" in line
+    assert f"on 1x8 h100_80g {ASSUMED}," in line
+    assert "model llama3_1_8b (hub id meta-llama/Llama-3.1-8B-Instruct" in line
     assert (resolved.trainer.n_gpus_per_node, resolved.trainer.nnodes, resolved.cluster.gpu.name) == (8, 1, "h100_80g")
 
 
@@ -186,8 +199,8 @@ def test_verl_diff_tp_megatron_example_validates(tmp_path, recipe_cli):
     proc, resolved = _validate(recipe_cli, tmp_path, *DIFF_TP)
     assert proc.returncode == 0, proc.stderr
     assert _config_ok(proc) == (
-        "config OK: megatron train dp2 tp2 pp2 cp1 ep1 -> vllm infer tp4 pp1 x2 replicas on 1x8 h100_80g, "
-        "model qwen2_5_7b (hub id Qwen/Qwen2.5-7B-Instruct, shipped config)"
+        "config OK: megatron train dp2 tp2 pp2 cp1 ep1 -> vllm infer tp4 pp1 x2 replicas on 1x8 h100_80g "
+        f"{ASSUMED}, model qwen2_5_7b (hub id Qwen/Qwen2.5-7B-Instruct, shipped config)"
     )
     assert _not_as_typed(DIFF_TP, resolved) == []
 

@@ -76,6 +76,36 @@ def test_an_unknown_hub_id_with_an_explicit_model_checks_that_model():
     ]
 
 
+@pytest.mark.parametrize("path,model,hub", [
+    ("/cluster/models/Qwen3-30B-A3B", "qwen3_30b_a3b", "Qwen/Qwen3-30B-A3B"),
+    ("/nfs/llama-3.1-8b-instruct/", "llama3_1_8b", "meta-llama/Llama-3.1-8B-Instruct"),
+    ("/hf/hub/models--Qwen--Qwen2.5-7B-Instruct/snapshots/0123abcd", "qwen2_5_7b", "Qwen/Qwen2.5-7B-Instruct"),
+])
+def test_a_cluster_folder_named_as_a_shipped_model_is_checked_as_it(path, model, hub):
+    arch, problems, warnings = _arch([f"{PATH}={path}"])
+    assert (arch.name, arch.source) == (model, f"folder named {hub}, shipped config; {path} not read")
+    assert problems == [] and warnings == [
+        f"{PATH}: {path} is not a folder on this machine; its name is {hub}'s: checking {model}'s shipped config "
+        "(model=<name> or a local folder with config.json checks another)"
+    ]
+
+
+def test_a_folder_of_another_name_is_not_guessed():
+    arch, problems, warnings = _arch([f"{PATH}=/cluster/models/my-finetune"])
+    assert arch is None and problems == []
+    assert warnings[0].startswith(f"{PATH}: /cluster/models/my-finetune is not a folder on this machine, so its")
+
+
+def test_a_pasted_cluster_path_is_checked_through_the_cli(tmp_path, recipe_cli):
+    proc = recipe_cli("grpo", f"{PATH}=/cluster/models/Qwen3-30B-A3B", "trainer.n_gpus_per_node=8",
+                      "trainer.nnodes=8", "offload=full", "action=validate", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[0].endswith(
+        ", model qwen3_30b_a3b (folder named Qwen/Qwen3-30B-A3B, shipped config; /cluster/models/Qwen3-30B-A3B "
+        "not read)")
+    assert f"warning: {PATH}: /cluster/models/Qwen3-30B-A3B is not a folder on this machine" in proc.stderr
+
+
 def test_a_local_folder_is_read(tmp_path):
     folder = _local_model(tmp_path / "my-qwen", num_hidden_layers=30)
     arch, problems, warnings = _arch([f"{PATH}={folder}"])
