@@ -298,7 +298,8 @@ def _probe_runner_class():
 
         def run(self, config):
             out = OmegaConf.select(config, "probe_out")
-            data = {"pid": os.getpid(), "cwd": os.getcwd(), "env": dict(os.environ)}
+            # secret values as *** (recipes/redact.py): the file shows that a token arrived, not the token
+            data = {"pid": os.getpid(), "cwd": os.getcwd(), "env": redact_env(dict(os.environ))}
             Path(out).write_text(json.dumps(data, indent=2))
             return data
 
@@ -372,8 +373,9 @@ def main(argv: list[str] | None = None) -> int:
         exit_with(error)
     record = worker_env(cfg)
     print(summary(record) + f" (mode: {record.mode})")
-    for key, value in record.env.items():
-        print(f"  {key}={value}    # {record.sources.get(key, '')}")
+    shown = redact_env(record.env)  # the terminal gets what nccl_env.json gets: secret values as ***
+    for key in record.env:
+        print(f"  {key}={shown[key]}    # {record.sources.get(key, '')}")
     for line in record.conflicts:
         print(f"conflict: {line}")
     for line in record.problems:
