@@ -24,6 +24,7 @@ def compose_recipe(recipe: str, overrides: list[str] | None = None) -> DictConfi
     register_resolvers()
     overrides, _ = adopt_verl_primary(list(overrides or []))
     overrides, _ = adopt_engine_switch(overrides, recipe)
+    overrides, _ = adopt_batching(overrides)
     refuse_shared_parts(overrides)
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None, job_name=recipe):
@@ -93,6 +94,26 @@ def adopt_engine_switch(overrides: list[str], recipe: str) -> tuple[list[str], l
         return rest, [f"note: model_engine={typed} (verl's engine switch) is the recipe's strategy={default}"]
     return [*rest, f"strategy={','.join(picks)}"], [f"note: model_engine={typed} (verl's engine switch) "
                                                      f"chooses strategy={','.join(picks)}"]
+
+
+MICRO_BATCH_KEYS = ("micro_batch_size_per_gpu", "micro_batch_size")
+
+
+def adopt_batching(overrides: list[str]) -> tuple[list[str], list[str]]:
+    """A verl script's batching mode follows its own keys: micro-batch sizes typed without ``use_dynamic_bsz`` (or
+    with every ``use_dynamic_bsz`` typed false) mean verl's fixed micro-batches, ``batching=fixed``, where the pack's
+    default is token-balanced. A typed ``batching=`` decides alone. Returns the overrides and the note."""
+    keys = {override_key(arg): override_value(arg).strip().lower() for arg in overrides if not arg.startswith("~")}
+    if "batching" in keys:
+        return overrides, []
+    dynamic = [value for key, value in keys.items() if key and key.rsplit(".", 1)[-1].endswith("use_dynamic_bsz")]
+    micro = [key for key, value in keys.items()
+             if key and key.rsplit(".", 1)[-1].endswith(MICRO_BATCH_KEYS) and value not in ("null", "none", "")]
+    if any(value in ("true", "1") for value in dynamic) or not (micro or dynamic):
+        return overrides, []
+    why = f"{micro[0]} typed without use_dynamic_bsz" if not dynamic else "use_dynamic_bsz typed false"
+    return [*overrides, "batching=fixed"], [f"note: {why}: batching=fixed, verl's fixed micro-batches "
+                                            "(batching=dynamic for the pack's token-balanced ones)"]
 
 
 def refuse_shared_parts(overrides: list[str]) -> None:

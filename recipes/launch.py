@@ -28,7 +28,13 @@ from hydra.types import HydraContext, RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from recipes.bundle import write_record
-from recipes.compose import adopt_engine_switch, adopt_verl_primary, explain_hydra_error, refuse_shared_parts
+from recipes.compose import (
+    adopt_batching,
+    adopt_engine_switch,
+    adopt_verl_primary,
+    explain_hydra_error,
+    refuse_shared_parts,
+)
 from recipes.confdir import conf_dir, entry_command, group_options, recipe_defaults
 from recipes.defaults import EMBEDDED_DEFAULTS, chooses_layout, embedded_defaults, gpu_only_strategy, has_accelerator
 from recipes.errors import ConfigError, exit_with, report
@@ -42,6 +48,7 @@ from recipes.resume import plan_resume
 from recipes.rundir import Reservation, lock, refuse_location, release, reserve, unlock
 from recipes.sweep import job_result
 from recipes.validate import ValidatedRun, check, validate
+from recipes.verl_ext.verl_tree import changed_defaults_lines, is_verl_script
 
 ACTIONS = ("validate", "plan", "train")
 
@@ -63,9 +70,10 @@ def run_recipe(recipe: str, argv: list[str] | None = None) -> None:
     try:
         argv, notices = adopt_verl_primary(argv)
         argv, engine_notes = adopt_engine_switch(argv, recipe)
+        argv, batching_notes = adopt_batching(argv)
     except ConfigError as error:
         exit_with(error)
-    notices += engine_notes
+    notices += engine_notes + batching_notes
     accelerator = has_accelerator()
     # the recipe's own strategy matters only without a GPU (a copy made with strategy=megatron plans for GPUs)
     recipe_strategy = None if accelerator else recipe_defaults(recipe).get("strategy")
@@ -277,6 +285,10 @@ def perform(run: ValidatedRun) -> None:
         print(warning if warning.startswith("note:") else f"warning: {warning}", file=sys.stderr)
     for note in final.notes:
         print(note, file=sys.stderr)
+    typed = hydra_overrides() or []
+    if is_verl_script(typed):  # a pasted verl script: what its unset keys get here that verl would not give them
+        for line in changed_defaults_lines(final.cfg, typed, () if run.use_critic else ("critic",)):
+            print(line, file=sys.stderr)
     run_dir.mkdir(parents=True, exist_ok=True)
     record_dir = Path(str(run.cfg.run.record_dir)) if run.cfg.run.get("record_dir") else run_dir
     for line in write_record(record_dir, final.cfg, final.workers, recipe_name(), hydra_overrides()):

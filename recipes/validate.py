@@ -223,7 +223,8 @@ def _actor_dp(train: TrainLayout) -> int:
     return train.dp
 
 
-def _check_batches(cfg, train: TrainLayout, use_critic: bool, problems: list[str]) -> None:
+def _check_batches(cfg, train: TrainLayout, use_critic: bool, problems: list[str],
+                   warnings: list[str] | None = None) -> None:
     g = lambda key: _get(cfg, key, problems)  # noqa: E731
     batch, n = g("data.train_batch_size"), g("actor_rollout_ref.rollout.n")
     mini = g("actor_rollout_ref.actor.ppo_mini_batch_size")
@@ -257,11 +258,12 @@ def _check_batches(cfg, train: TrainLayout, use_critic: bool, problems: list[str
             continue
         section_mini = mini if section != "critic" else (g("critic.ppo_mini_batch_size") or mini)
         per_gpu = section_mini * n // dp if (section_mini * n) % dp == 0 else None
-        if per_gpu is not None and per_gpu % micro:
-            problems.append(
+        if per_gpu is not None and per_gpu % micro and warnings is not None:
+            # verl 0.9.1 accepts it (its last micro-batch is shorter), so the pack does: a warning, not a refusal
+            warnings.append(
                 f"{section}.{micro_key}: the mini-batch per GPU, ppo_mini_batch_size({section_mini}) * rollout.n({n}) "
                 f"/ dp({dp}) = {per_gpu}, is not a multiple of {micro_key}({micro}): {per_gpu} % {micro} = "
-                f"{per_gpu % micro}"
+                f"{per_gpu % micro}, so the last micro-batch of each mini-batch holds {per_gpu % micro} sequences"
             )
 
 
@@ -423,7 +425,7 @@ def check(cfg: DictConfig, *, run_verl: bool = True) -> ValidatedRun:
     warnings.extend(entropy_warnings(cfg))  # entropy=clip_cov|kl_cov under strictly on-policy updates
     warnings.extend(_kl_rate_warnings(cfg))  # a horizon so short that one step can flip a KL coefficient's sign
     if train is not None:
-        _check_batches(cfg, train, use_critic, problems)
+        _check_batches(cfg, train, use_critic, problems, warnings)
         _check_token_budgets(cfg, train, use_critic, use_ref, problems, warnings)
         if arch is not None and infer is not None:
             strategy, rollout = OmegaConf.select(cfg, "strategy.name"), str(OmegaConf.select(cfg, "rollout.name"))

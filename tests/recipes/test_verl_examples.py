@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import OverrideType
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -193,6 +195,56 @@ def test_verl_example_validates_and_every_override_lands(example):
     assert not problems, f"{example['source']}: the saved config is not what was typed:\n" + "\n".join(problems)
 
 
+def _leaves(node, prefix=""):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _leaves(value, f"{prefix}.{key}" if prefix else str(key))
+    else:
+        yield prefix, node
+
+
+def _verl_composition(overrides: list[str]) -> dict:
+    """verl 0.9.1's own trainer config for these overrides (its ppo_trainer, as main_ppo composes it)."""
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module="verl.trainer.config", version_base=None):
+            return OmegaConf.to_container(compose(config_name="ppo_trainer", overrides=overrides), resolve=True)
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def _differs_from_verl(overrides: list[str], saved) -> dict[str, tuple]:
+    """Each verl key the overrides leave unset whose saved value differs from verl's (the critic's keys only where
+    verl starts a critic), as {key: (saved, verl's)}."""
+    typed = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
+    ours = dict(_leaves(OmegaConf.to_container(saved, resolve=True)))
+    use_critic = saved.critic.enable if saved.critic.enable is not None else saved.algorithm.adv_estimator == "gae"
+    out = {}
+    for key, value in _leaves(_verl_composition(overrides)):
+        if key in typed or key not in ours or (key.startswith("critic.") and not use_critic):
+            continue
+        numbers = {type(ours[key]), type(value)} <= {int, float}
+        if ours[key] != value or (type(ours[key]) is not type(value) and not numbers):
+            out[key] = (ours[key], value)
+    return out
+
+
+def _noted_keys(stderr: str) -> dict[str, tuple]:
+    """The keys of the changed-defaults note (``  k1, k2: ours (verl: theirs)  ->  override``)."""
+    lines = stderr.splitlines()
+    heads = [i for i, line in enumerate(lines) if "of verl's defaults differ in this run" in line]
+    if not heads:
+        return {}
+    out = {}
+    for line in lines[heads[0] + 1:]:
+        if not line.startswith("  ") or "  ->  " not in line:
+            break
+        keys, _, rest = line.strip().partition(": ")
+        for key in keys.split(", "):
+            out[key] = rest
+    return out
+
+
 # -- one example per examples/ sub-folder, through the CLI ----------------------------------------------------------
 
 
@@ -215,6 +267,11 @@ def test_verl_example_through_the_cli(example, tmp_path, recipe_cli):
         saved.trainer.logger = saved.trainer.logger[0]
     problems = drift(example["overrides"], saved)
     assert not problems, f"{example['source']}: resolved_config.yaml is not what was typed:\n" + "\n".join(problems)
+    # what the script leaves unset differs from verl's own run only where the stderr note says so
+    differ = set(_differs_from_verl(example["overrides"], OmegaConf.load(written[0])))
+    noted = set(_noted_keys(proc.stderr))
+    assert differ == noted, (f"{example['source']}: differ from verl, not noted: {sorted(set(differ) - set(noted))}; "
+                             f"noted, not differing: {sorted(set(noted) - set(differ))}")
 
 
 # -- the data itself --------------------------------------------------------------------------------------------

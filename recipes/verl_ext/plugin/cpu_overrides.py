@@ -25,18 +25,17 @@ recipes' resolved configs by ``tests/recipes/test_cpu_overrides_agree.py``.
 from __future__ import annotations
 
 import re
-from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from hydra import compose, initialize_config_module
-from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from recipes.compose import compose_recipe
 from recipes.confdir import conf_dir, config_defaults, included_files, recipe_defaults
 from recipes.defaults import EMBEDDED_DEFAULTS, embedded_defaults
+from recipes.verl_ext.verl_tree import own_hydra
 
 __all__ = [
     "CPU_VERL_OVERRIDES",
@@ -111,26 +110,10 @@ KL_PPO_DEMO: dict[str, Any] = {
 # ---- reading the conf files ---------------------------------------------------------------------------------------
 
 
-@contextmanager
-def _own_hydra():
-    """Room for this module's compositions where Hydra is initialized already (a caller composing verl's tree with
-    the list, inside ``initialize_config_dir``): the caller's Hydra is put aside and back."""
-    outer = GlobalHydra.instance()
-    saved = outer.hydra if outer.is_initialized() else None
-    outer.clear()
-    try:
-        yield
-    finally:
-        current = GlobalHydra.instance()  # Hydra's initialize_* contexts swap the singleton on exit
-        current.clear()
-        if saved is not None:
-            current.initialize(saved)
-
-
 @cache
 def _verl_tree():
     """verl's own trainer config, composed bare (what ``main_ppo`` starts from)."""
-    with _own_hydra(), initialize_config_module(config_module="verl.trainer.config", version_base=None):
+    with own_hydra(), initialize_config_module(config_module="verl.trainer.config", version_base=None):
         return compose(config_name="ppo_trainer")
 
 
@@ -190,7 +173,7 @@ def _same(a, b) -> bool:
 @cache
 def _recipe_values(extra: tuple[str, ...]):
     """The recipe composed with the embedded CPU default (and `extra`), the tiny assets' paths as placeholders."""
-    with _own_hydra():
+    with own_hydra():
         composed = compose_recipe(_RECIPE, embedded_defaults([], accelerator=False) + list(extra))
     raw = OmegaConf.to_container(composed)
 

@@ -1,0 +1,69 @@
+"""A pasted verl script keeps verl's semantics where it leaves keys unset: its batching mode follows its own keys
+(recipes/compose.py ``adopt_batching``), and every other verl default the pack changes is listed once on stderr with
+the override that restores it (recipes/verl_ext/verl_tree.py; checked against verl's own composition of each example
+script by tests/recipes/test_verl_examples.py)."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from recipes.compose import adopt_batching
+from recipes.launch import run_recipe
+from recipes.verl_ext.verl_tree import hydra_value, is_verl_script, restoring_override
+
+MICRO = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"
+NOTE = ("note: actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu typed without use_dynamic_bsz: batching=fixed, "
+        "verl's fixed micro-batches (batching=dynamic for the pack's token-balanced ones)")
+
+
+@pytest.mark.parametrize("typed,added", [
+    ([MICRO], True),
+    (["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4"], True),
+    ([MICRO, "actor_rollout_ref.actor.use_dynamic_bsz=True"], False),  # the script's own mode
+    ([MICRO, "batching=dynamic"], False),  # the pack's group, typed, decides
+    (["actor_rollout_ref.actor.use_dynamic_bsz=false"], True),
+    (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null"], False),
+    (["trainer.total_training_steps=4"], False),
+])
+def test_batching_follows_the_scripts_own_keys(typed, added):
+    overrides, notes = adopt_batching(list(typed))
+    assert (overrides[-1] == "batching=fixed") is added and (len(notes) == 1) is added
+    assert overrides[:len(typed)] == typed
+
+
+def test_typed_micro_batches_validate_as_fixed_with_one_note(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    run_recipe("grpo", ["trainer.n_gpus_per_node=8", MICRO,
+                        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+                        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8", "action=validate"])
+    err = capsys.readouterr().err
+    assert err.count(NOTE) == 1
+    (saved,) = (tmp_path / "runs" / "grpo").glob("*/resolved_config.yaml")
+    cfg = OmegaConf.load(saved)
+    assert cfg.batching.mode == "fixed" and cfg.actor_rollout_ref.actor.use_dynamic_bsz is False
+    assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 8
+    # the note of changed defaults follows, and lists verl's trainer mode with its restoring override
+    assert "of verl's defaults differ in this run" in err
+    assert "  trainer.v1.trainer_mode: stability (verl: sync)  ->  trainer.v1.trainer_mode=sync" in err
+
+
+def test_pack_commands_are_not_verl_scripts():
+    assert not is_verl_script(["parallel=tp8", "trainer.total_training_steps=4", "strategy=megatron"])
+    assert is_verl_script(["algorithm.adv_estimator=grpo"]) and is_verl_script(["+data.x=1"])
+
+
+@pytest.mark.parametrize("key,value,override", [
+    ("actor_rollout_ref.actor.strategy", "fsdp", "strategy=fsdp"),
+    ("actor_rollout_ref.actor.use_dynamic_bsz", False, "batching=fixed"),
+    ("actor_rollout_ref.rollout.tensor_model_parallel_size", 1, "layout.infer.tp=1"),
+    ("trainer.default_local_dir", "checkpoints/a b", "trainer.default_local_dir='checkpoints/a b'"),
+    ("critic.model.tokenizer_path", None, "critic.model.tokenizer_path=null"),
+    ("trainer.logger", ["console", "wandb"], "trainer.logger=[console,wandb]"),
+])
+def test_each_restoring_override_is_written_as_typed(key, value, override):
+    assert restoring_override(key, value) == override
+
+
+def test_values_that_hydra_would_misread_are_quoted():
+    assert [hydra_value(v) for v in ("null", "", "a:b", 1e-06, True)] == ["'null'", "''", "'a:b'", "1e-06", "true"]
