@@ -78,6 +78,8 @@ def is_verl_script(overrides: Sequence[str]) -> bool:
     return any((override_key(arg) or "").split(".", 1)[0] in SCRIPT_SECTIONS for arg in overrides)
 
 
+_ONE_INTERPOLATION = re.compile(r"\$\{[^${}]*\}")  # a value that is one interpolation, nothing else
+
 def _leaves(node, prefix: str = "") -> Iterator[tuple[str, object]]:
     if isinstance(node, dict):
         for key, value in node.items():
@@ -96,14 +98,18 @@ def _same(a, b) -> bool:
 def changed_defaults(resolved: DictConfig, overrides: Sequence[str],
                      unused: Sequence[str] = ()) -> list[tuple[str, object, object]]:
     """(key, the run's value, verl's value) for each verl key the command line does not set whose value in
-    ``resolved`` (the config verl's trainer receives) differs from verl's own composition of its keys; keys under
-    an ``unused`` section (``critic`` where verl starts no critic) are left out."""
+    ``resolved`` (the config verl's trainer receives) differs from verl's own composition of its keys; keys verl
+    interpolates from another key, and keys under an ``unused`` section (``critic`` where verl starts no critic),
+    are left out."""
     verl_args = verl_overrides(overrides)
     typed = {override_key(arg) for arg in verl_args}
     ours = dict(_leaves(OmegaConf.to_container(resolved, resolve=True)))
-    theirs = OmegaConf.to_container(compose_verl(verl_args), resolve=True)
-    return [(key, ours[key], value) for key, value in _leaves(theirs)
-            if key in ours and key not in typed and key.split(".", 1)[0] not in unused
+    composed = compose_verl(verl_args)
+    # a key verl interpolates from another (rollout.n -> actor.rollout_n) follows it: its source's line covers it
+    follows = {key for key, raw in _leaves(OmegaConf.to_container(composed, resolve=False))
+               if isinstance(raw, str) and _ONE_INTERPOLATION.fullmatch(raw)}
+    return [(key, ours[key], value) for key, value in _leaves(OmegaConf.to_container(composed, resolve=True))
+            if key in ours and key not in typed and key not in follows and key.split(".", 1)[0] not in unused
             and not _same(ours[key], value)]
 
 

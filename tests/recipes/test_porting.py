@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 from recipes.compose import adopt_batching
 from recipes.launch import run_recipe
 from recipes.verl_ext.verl_tree import hydra_value, is_verl_script, restoring_override
+from tests.conftest import ROOT
 
 MICRO = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"
 NOTE = ("note: actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu typed without use_dynamic_bsz: batching=fixed, "
@@ -67,3 +68,26 @@ def test_each_restoring_override_is_written_as_typed(key, value, override):
 
 def test_values_that_hydra_would_misread_are_quoted():
     assert [hydra_value(v) for v in ("null", "", "a:b", 1e-06, True)] == ["'null'", "''", "'a:b'", "1e-06", "true"]
+
+
+def _readme_port_command_and_sample() -> tuple[list[str], list[str]]:
+    """The README's "Port your verl script" command (its overrides) and the note sample shown after it."""
+    text = (ROOT / "README.md").read_text().split("## Port your verl script", 1)[1]
+    blocks = text.split("```")[1::2]
+    command = blocks[0].replace("\\\n", " ").split()
+    assert command[:3] == ["python", "-m", "recipes.grpo"]
+    sample = next(block for block in blocks if "of verl's defaults differ" in block)
+    return command[3:], [line for line in sample.strip("\n").splitlines() if line.strip() != "..."]
+
+
+def test_the_readme_sample_of_the_note_is_what_its_command_prints(tmp_path, monkeypatch, capsys):
+    overrides, sample = _readme_port_command_and_sample()
+    monkeypatch.chdir(tmp_path)
+    run_recipe("grpo", overrides)
+    err = capsys.readouterr().err.splitlines()
+    assert [line for line in sample if line not in err] == []
+    head = next(line for line in err if "of verl's defaults differ" in line)
+    rows = err[err.index(head) + 1:]
+    keys = [key for row in rows if row.startswith("  ") and "  ->  " in row
+            for key in row.strip().split(": ", 1)[0].split(", ")]
+    assert head.split()[1] == str(len(keys))  # the count is of keys (keys one override restores share a row)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -195,6 +196,8 @@ def test_verl_example_validates_and_every_override_lands(example):
     assert not problems, f"{example['source']}: the saved config is not what was typed:\n" + "\n".join(problems)
 
 
+_ONE_INTERPOLATION = re.compile(r"\$\{[^${}]*\}")  # a value that is one interpolation, nothing else
+
 def _leaves(node, prefix=""):
     if isinstance(node, dict):
         for key, value in node.items():
@@ -203,25 +206,30 @@ def _leaves(node, prefix=""):
         yield prefix, node
 
 
-def _verl_composition(overrides: list[str]) -> dict:
-    """verl 0.9.1's own trainer config for these overrides (its ppo_trainer, as main_ppo composes it)."""
+def _verl_composition(overrides: list[str]) -> tuple[dict, dict]:
+    """verl 0.9.1's own trainer config for these overrides (its ppo_trainer, as main_ppo composes it): resolved, and
+    as written (interpolations kept)."""
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module(config_module="verl.trainer.config", version_base=None):
-            return OmegaConf.to_container(compose(config_name="ppo_trainer", overrides=overrides), resolve=True)
+            cfg = compose(config_name="ppo_trainer", overrides=overrides)
+            return OmegaConf.to_container(cfg, resolve=True), OmegaConf.to_container(cfg, resolve=False)
     finally:
         GlobalHydra.instance().clear()
 
 
 def _differs_from_verl(overrides: list[str], saved) -> dict[str, tuple]:
-    """Each verl key the overrides leave unset whose saved value differs from verl's (the critic's keys only where
-    verl starts a critic), as {key: (saved, verl's)}."""
+    """Each verl key the overrides leave unset, and verl does not interpolate from another, whose saved value differs
+    from verl's (the critic's keys only where verl starts a critic), as {key: (saved, verl's)}."""
     typed = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
     ours = dict(_leaves(OmegaConf.to_container(saved, resolve=True)))
     use_critic = saved.critic.enable if saved.critic.enable is not None else saved.algorithm.adv_estimator == "gae"
+    resolved, written = _verl_composition(overrides)
+    # a key verl interpolates (actor.rollout_n: ${...rollout.n}) follows its source, which is compared itself
+    follows = {key for key, raw in _leaves(written) if isinstance(raw, str) and _ONE_INTERPOLATION.fullmatch(raw)}
     out = {}
-    for key, value in _leaves(_verl_composition(overrides)):
-        if key in typed or key not in ours or (key.startswith("critic.") and not use_critic):
+    for key, value in _leaves(resolved):
+        if key in typed | follows or key not in ours or (key.startswith("critic.") and not use_critic):
             continue
         numbers = {type(ours[key]), type(value)} <= {int, float}
         if ours[key] != value or (type(ours[key]) is not type(value) and not numbers):
