@@ -10,12 +10,14 @@ shell gives an interrupted command.
 from __future__ import annotations
 
 import contextlib
+import re
 import shlex
 import signal
 from pathlib import Path
 
 from recipes import checkpoints as ckpt
 from recipes.monitor import read_metrics
+from recipes.verl_ext.stability.faults import classify
 
 EXIT_CODE = 130
 # typed for the interrupted launch; the resume command chooses its own
@@ -60,3 +62,28 @@ def interrupted_lines(run_dir: Path, checkpoints: Path, command: list[str]) -> l
     lines.append(f"last complete checkpoint: {kept}")
     lines.append(f"resume in the same folder: {shlex.join(resume_command(command, run_dir))}")
     return lines
+
+
+_RAY_FIELD = re.compile(r"^\s*(class_name|pid): (\S+)", re.M)
+_EXIT_TYPE = re.compile(r"Worker exit type: (\w+)")
+
+
+def lost_worker_line(failure: str, run_dir: Path, checkpoints: Path, command: list[str]) -> str | None:
+    """One line for a run whose Ray worker died (or ran out of memory) without ``stability=auto``: the cause, the
+    last complete checkpoint and the command that resumes from it; None for any other failure (``failure``: the
+    exception chain as text, read by the exception types as the rollback supervisor reads them)."""
+    reason = classify(failure)
+    if reason not in ("worker_lost", "oom"):
+        return None
+    fields = dict(_RAY_FIELD.findall(failure))
+    exit_type = _EXIT_TYPE.search(failure)
+    who = f"ray::{fields['class_name']}" if "class_name" in fields else "a Ray worker"
+    who += f" (pid {fields['pid']})" if "pid" in fields else ""
+    cause = (f"{who} ran out of memory" if reason == "oom" else
+             f"{who} died" + (f" ({exit_type.group(1)})" if exit_type else ""))
+    rows = read_metrics(Path(run_dir) / "metrics.jsonl")
+    kept = last_checkpoint(checkpoints)
+    where = (f"last complete checkpoint: {kept}; resume: {shlex.join(resume_command(command, run_dir))}" if kept
+             else "no complete checkpoint yet (trainer.save_freq sets how often one is written)")
+    return (f"training stopped after step {rows[-1][0] if rows else 0}: {cause}; {where} (stability=auto restarts "
+            "from the last checkpoint by itself; verl's own account is in the run folder's log)")

@@ -84,8 +84,17 @@ def _full_checkpoint_disk(checkpoints: Path) -> str | None:
     free = shutil.disk_usage(where).free
     if free >= FULL_BELOW:
         return None
-    return (f"could not write a checkpoint under {checkpoints}: no space left on device ({free:,} bytes free there; "
-            "the partial checkpoint is ignored on resume; free space, then resume the run)")
+    step = newest_step_folder(checkpoints)  # verl saves steps in order: the newest folder is the one it was writing
+    what = f"checkpoint {step}" if step is not None else f"a checkpoint under {checkpoints}"
+    return (f"could not write {what}: no space left on device ({free:,} bytes free there; the partial checkpoint is "
+            "ignored on resume; free space, then resume the run)")
+
+
+def newest_step_folder(checkpoints: Path) -> Path | None:
+    """The ``global_step_<N>`` folder of ``checkpoints`` with the highest N, or None."""
+    steps = [(int(p.name.rsplit("_", 1)[1]), p) for p in (checkpoints.glob("global_step_*") if checkpoints.is_dir()
+             else []) if p.is_dir() and p.name.rsplit("_", 1)[1].isdigit()]
+    return max(steps)[1] if steps else None
 
 
 def _enospc_line(error: BaseException) -> str | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import traceback
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -20,7 +21,7 @@ from recipes.checkpoints import step_of
 from recipes.confdir import entry_command
 from recipes.console import LOG_NAME, verl_output_to_log
 from recipes.finalize import FinalRun
-from recipes.interrupt import EXIT_CODE, interrupted_lines, sigterm_as_interrupt
+from recipes.interrupt import EXIT_CODE, interrupted_lines, lost_worker_line, sigterm_as_interrupt
 from recipes.monitor import KL_KEYS, REWARD_KEYS, ProgressPrinter, first, plot_metrics, read_metrics
 from recipes.records import WriteFailed, disk_full_line
 from recipes.resume import SUPERSEDED, keep_metrics_up_to
@@ -82,6 +83,12 @@ def train_and_summarize(final: FinalRun) -> None:
         full = disk_full_line(error, checkpoints=Path(str(cfg.trainer.default_local_dir)))
         if full:  # one line naming the path; every complete checkpoint stays
             print(full, file=sys.stderr)
+            sys.exit(1)
+        lost = None if OmegaConf.select(cfg, "stability.mode") == "auto" else lost_worker_line(
+            "".join(traceback.format_exception(error)), run_dir, Path(str(cfg.trainer.default_local_dir)),
+            rerun_command(cfg))
+        if lost:  # a worker died (stability=auto would have restarted): the cause and the way on, no traceback
+            print(lost, file=sys.stderr)
             sys.exit(1)
         if not verbose:  # what verl said last is in the log, not on the terminal
             print(f"training failed; the last lines of {run_dir / LOG_NAME}:\n{log_tail(run_dir / LOG_NAME)}",

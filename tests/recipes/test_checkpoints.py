@@ -177,6 +177,13 @@ def test_torchs_errno_less_checkpoint_write_failure_on_a_full_disk_is_one_line(t
                         lambda path: SimpleNamespace(total=10**12, used=0, free=10**12))
     assert disk_full_line(RuntimeError(worker_text), checkpoints=checkpoints) is None  # not a full disk: verl's error
     assert disk_full_line(RuntimeError(worker_text)) is None  # no folder to look at
+    # with steps saved: the newest step folder is the one verl was writing
+    monkeypatch.setattr(records.shutil, "disk_usage", usage)
+    for step in (2, 10, 4):
+        (checkpoints / f"global_step_{step}").mkdir(parents=True)
+    assert disk_full_line(RuntimeError(worker_text), checkpoints=checkpoints) == (
+        f"could not write checkpoint {checkpoints}/global_step_10: no space left on device (4,096 bytes free there; "
+        "the partial checkpoint is ignored on resume; free space, then resume the run)")
 
 
 def test_a_checkpoint_whose_step_was_never_logged_resumes_from_the_one_before(tmp_path):

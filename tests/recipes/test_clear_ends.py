@@ -1,0 +1,101 @@
+"""A run that ends badly says why in one line, with the last complete checkpoint and the command that goes on
+(recipes/interrupt.py ``lost_worker_line``): a Ray worker lost without ``stability=auto``. (A full disk during a
+checkpoint save: tests/recipes/test_checkpoints.py; Ctrl-C: tests/e2e/test_interrupt.py.)"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import signal
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from recipes.checkpoints import mark_complete
+from recipes.interrupt import lost_worker_line
+from tests.conftest import checkout_env
+
+# the exception chain as verl's driver gets it when Ray's worker process of the actor is SIGKILLed (Ray 2.60)
+ACTOR_DIED = """Traceback (most recent call last):
+ray.exceptions.RayTaskError(ActorDiedError): ray::TaskRunner.run() (pid=4242, ip=127.0.0.1)
+ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.
+\tclass_name: WorkerDict
+\tactor_id: 5c1d
+\tpid: 5151
+\tnamespace: 7a
+\tip: 127.0.0.1
+The actor is dead because its worker process has died. Worker exit type: UNEXPECTED_SYSTEM_EXIT Worker exit detail: \
+Worker unexpectedly exits with a connection error code 2. End of file. There are some potential root causes. (1) The \
+process is killed by SIGKILL by OOM killer due to high memory usage.
+"""
+
+
+def _run_folder(tmp_path, steps: int, saved: list[int]):
+    run = tmp_path / "runs" / "grpo" / "r"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "data": {}}) + "\n" for s in range(1, steps + 1)))
+    for step in saved:
+        folder = run / "checkpoints" / f"global_step_{step}"
+        (folder / "actor").mkdir(parents=True)
+        (folder / "actor" / "model.pt").write_bytes(b"w" * 64)
+        mark_complete(folder, step)
+    return run
+
+
+def test_a_lost_worker_is_one_line_with_the_checkpoint_and_the_resume_command(tmp_path):
+    run = _run_folder(tmp_path, steps=3, saved=[2])
+    command = ["python", "-m", "recipes.grpo", "trainer.save_freq=2"]
+    line = lost_worker_line(ACTOR_DIED, run, run / "checkpoints", command)
+    assert line == (
+        "training stopped after step 3: ray::WorkerDict (pid 5151) died (UNEXPECTED_SYSTEM_EXIT); last complete "
+        f"checkpoint: {run}/checkpoints/global_step_2; resume: python -m recipes.grpo trainer.save_freq=2 "
+        f"run.resume={run} (stability=auto restarts from the last checkpoint by itself; verl's own account is in "
+        "the run folder's log)")
+
+
+def test_no_checkpoint_yet_and_other_failures(tmp_path):
+    run = _run_folder(tmp_path, steps=1, saved=[])
+    line = lost_worker_line(ACTOR_DIED, run, run / "checkpoints", ["python"])
+    assert "after step 1: ray::WorkerDict (pid 5151) died" in line and "no complete checkpoint yet" in line
+    oom = "ray.exceptions.RayTaskError(OutOfMemoryError): ray::WorkerDict.update_actor()\ntorch.OutOfMemoryError: CUDA"
+    assert "a Ray worker ran out of memory" in lost_worker_line(oom, run, run / "checkpoints", ["python"])
+    assert lost_worker_line("ValueError: bad path", run, run / "checkpoints", ["python"]) is None
+
+
+def _ray_workers(root_pid: int, title: str) -> list[psutil.Process]:
+    found = []
+    for child in psutil.Process(root_pid).children(recursive=True):
+        try:
+            if (child.cmdline() or [""])[0].startswith(title):
+                found.append(child)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.mark.e2e
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_worker_killed_mid_run_ends_with_that_line(tmp_path):
+    command = [sys.executable, "-m", "recipes.grpo", "trainer.total_training_steps=4", "trainer.save_freq=1"]
+    proc = subprocess.Popen(command, cwd=tmp_path, env=checkout_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    killed = []
+    for line in proc.stdout:
+        if line.startswith("step 2/") and not killed:
+            killed = _ray_workers(proc.pid, "ray::WorkerDict")
+            assert killed, "no Ray worker of this run found"
+            for worker in killed:
+                worker.send_signal(signal.SIGKILL)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 1, err[-3000:]
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    run = next((tmp_path / "runs" / "grpo").iterdir())
+    assert last.startswith("training stopped after step ") and ": ray::WorkerDict (pid " in last
+    assert f"last complete checkpoint: {run}/checkpoints/global_step_" in last
+    argv = shlex.split(last.split("; resume: ", 1)[1].split(" (stability=auto", 1)[0])
+    assert argv[1:5] == ["-m", "recipes.grpo", "trainer.total_training_steps=4", "trainer.save_freq=1"]
+    assert argv[-1] == f"run.resume={run}"
