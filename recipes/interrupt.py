@@ -77,7 +77,8 @@ def lost_worker_line(failure: str, run_dir: Path, checkpoints: Path, command: li
         return None
     fields = dict(_RAY_FIELD.findall(failure))
     exit_type = _EXIT_TYPE.search(failure)
-    who = f"ray::{fields['class_name']}" if "class_name" in fields else "a Ray worker"
+    # verl's colocated workers are classes made in a function (create_colocated_worker_cls.<locals>.WorkerDict)
+    who = f"ray::{fields['class_name'].rsplit('.', 1)[-1]}" if "class_name" in fields else "a Ray worker"
     who += f" (pid {fields['pid']})" if "pid" in fields else ""
     cause = (f"{who} ran out of memory" if reason == "oom" else
              f"{who} died" + (f" ({exit_type.group(1)})" if exit_type else ""))

@@ -21,7 +21,7 @@ from tests.conftest import checkout_env
 ACTOR_DIED = """Traceback (most recent call last):
 ray.exceptions.RayTaskError(ActorDiedError): ray::TaskRunner.run() (pid=4242, ip=127.0.0.1)
 ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.
-\tclass_name: WorkerDict
+\tclass_name: create_colocated_worker_cls.<locals>.WorkerDict
 \tactor_id: 5c1d
 \tpid: 5151
 \tnamespace: 7a
