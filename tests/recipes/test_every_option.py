@@ -1,11 +1,14 @@
-"""Every primary config x every option of every group composes and passes our checks and verl's own validator."""
+"""Every primary config x every option of every group composes, passes our checks and verl's own validator, and
+every value the option's file writes lands in the resolved config."""
 
 from __future__ import annotations
 
 import pytest
+import yaml
+from omegaconf import OmegaConf
 
 from recipes.compose import RECIPES, compose_recipe
-from recipes.confdir import group_options, pack_groups
+from recipes.confdir import conf_dir, group_options, pack_groups
 from recipes.errors import ConfigError
 from recipes.validate import validate
 
@@ -48,6 +51,25 @@ def test_every_group_has_options():
     assert len(CASES) >= 2 * 40
 
 
+def _leaves(node, prefix=""):
+    if isinstance(node, dict) and node:
+        for key, value in node.items():
+            if not (key == "defaults" and not prefix):
+                yield from _leaves(value, f"{prefix}.{key}" if prefix else str(key))
+    else:
+        yield prefix, node
+
+
+def _written_values(path) -> dict:
+    """The values an option file writes, by dotted key (an empty map is a value; interpolations are not)."""
+    data = yaml.safe_load(path.read_text()) or {}
+    return {key: value for key, value in _leaves(data) if not (isinstance(value, str) and "${" in value)}
+
+
+def _plain(value):
+    return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+
+
 @pytest.mark.parametrize("recipe,group,option", CASES, ids=[f"{r}-{g}={o}" for r, g, o in CASES])
 def test_option_composes_and_validates(recipe, group, option):
     overrides = [f"{group}={option}"] + CONTEXT.get((group, option), [])
@@ -66,6 +88,12 @@ def test_option_composes_and_validates(recipe, group, option):
     if group == "strategy":
         assert resolved.actor_rollout_ref.actor.strategy == option
         assert resolved.critic.strategy == option
+    # every value the option's file writes (not an interpolation) is in the resolved config: nothing after it in the
+    # defaults order, and no check, overrode it
+    written = _written_values(conf_dir() / group / f"{option}.yaml")
+    assert written, f"{group}/{option}.yaml writes no value"
+    landed = {key: _plain(OmegaConf.select(resolved, key, default="<absent>")) for key in written}
+    assert landed == written
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
