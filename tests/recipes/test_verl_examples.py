@@ -16,6 +16,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hydra import compose, initialize_config_module
@@ -26,6 +27,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from recipes.compose import compose_recipe
 from recipes.errors import ConfigError
+from recipes.launch import run_recipe
 from recipes.overrides import override_value
 from recipes.validate import validate
 
@@ -256,9 +258,25 @@ def _noted_keys(stderr: str) -> dict[str, tuple]:
 # -- one example per examples/ sub-folder, through the CLI ----------------------------------------------------------
 
 
+def _validate_in_process(example: dict, cwd: Path, capsys, monkeypatch) -> SimpleNamespace:
+    """``main()`` of the recipe with the example's command line, as the CLI runs it: exit code, stdout, stderr."""
+    monkeypatch.chdir(cwd)
+    try:
+        run_recipe(example["recipe"], ["action=validate", *example["overrides"]])
+        code = 0
+    except SystemExit as stop:
+        code = stop.code or 0
+    out, err = capsys.readouterr()
+    return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+
+
+# the first example of the subset runs as a real process (python -m recipes.<recipe>); the others call main()
 @pytest.mark.parametrize("example", _params(CLI_SUBSET, {**KNOWN_GAPS, **CLI_GAPS}))
-def test_verl_example_through_the_cli(example, tmp_path, recipe_cli):
-    proc = recipe_cli(example["recipe"], "action=validate", *example["overrides"], cwd=tmp_path, timeout=300)
+def test_verl_example_through_the_cli(example, tmp_path, recipe_cli, capsys, monkeypatch):
+    if example is CLI_SUBSET[0]:
+        proc = recipe_cli(example["recipe"], "action=validate", *example["overrides"], cwd=tmp_path, timeout=300)
+    else:
+        proc = _validate_in_process(example, tmp_path, capsys, monkeypatch)
     assert proc.returncode == 0, f"{example['source']}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
     assert "config OK" in proc.stdout, proc.stdout
     written = list((tmp_path / "runs" / example["recipe"]).glob("*/resolved_config.yaml"))
