@@ -13,6 +13,7 @@ import contextlib
 import re
 import shlex
 import signal
+import threading
 from pathlib import Path
 
 from recipes import checkpoints as ckpt
@@ -25,17 +26,37 @@ RESUME_KEYS = ("run.resume=", "trainer.resume_mode=", "trainer.resume_from_path=
 
 
 @contextlib.contextmanager
-def sigterm_as_interrupt():
-    """For the block, SIGTERM (a scheduler's stop) is handled as Ctrl-C; the previous handler comes back after."""
+def sigterm_as_interrupt(metrics_path: Path | None = None, every_s: float = 2.0):
+    """For the block, SIGTERM (a scheduler's stop) is handled as Ctrl-C; the previous handlers come back after.
+
+    With ``metrics_path``: once interrupted, a step logged after that is evidence that the KeyboardInterrupt was
+    swallowed on its way up (inside verl or Ray), so the interrupt is raised again, until the block is left."""
+    asked = threading.Event()
+    left = threading.Event()
 
     def interrupt(signum, frame):
+        if metrics_path is not None and not asked.is_set():
+            asked.set()
+            steps = len(read_metrics(metrics_path))  # now, in the handler: the steps logged before the interrupt
+            threading.Thread(target=_again_while_training,
+                             args=(metrics_path, steps, left, every_s, threading.get_ident()),
+                             name="interrupt-again", daemon=True).start()
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        left.set()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _again_while_training(metrics_path: Path, steps: int, left: threading.Event, every_s: float, main: int) -> None:
+    while not left.wait(every_s):
+        if len(read_metrics(metrics_path)) > steps:  # training went on: the interrupt did not arrive
+            steps = len(read_metrics(metrics_path))
+            signal.pthread_kill(main, signal.SIGINT)  # to the main thread: it wakes from a blocking call
 
 
 def last_checkpoint(checkpoints: Path) -> Path | None:

@@ -70,7 +70,7 @@ def train_and_summarize(final: FinalRun) -> None:
     kl_keys = kl_band.keys if kl_band is not None else KL_KEYS
     resumed_lines(cfg, metrics_path)
     try:
-        with sigterm_as_interrupt(), verl_output_to_log(run_dir / LOG_NAME, verbose) as term:
+        with sigterm_as_interrupt(metrics_path), verl_output_to_log(run_dir / LOG_NAME, verbose) as term:
             with ProgressPrinter(metrics_path, total, out=term.say, kl_keys=kl_keys):
                 # monitoring bands; under stability=auto the rollback supervisor (recipes/verl_ext/stability)
                 supervise(writable(cfg), run_dir, run_verl, metrics_path, out=term.say)

@@ -9,12 +9,13 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
 
 from recipes.checkpoints import mark_complete
-from recipes.interrupt import lost_worker_line
+from recipes.interrupt import lost_worker_line, sigterm_as_interrupt
 from tests.conftest import checkout_env
 
 # the exception chain as verl's driver gets it when Ray's worker process of the actor is SIGKILLed (Ray 2.60)
@@ -99,3 +100,32 @@ def test_a_worker_killed_mid_run_ends_with_that_line(tmp_path):
     argv = shlex.split(last.split("; resume: ", 1)[1].split(" (stability=auto", 1)[0])
     assert argv[1:5] == ["-m", "recipes.grpo", "trainer.total_training_steps=4", "trainer.save_freq=1"]
     assert argv[-1] == f"run.resume={run}"
+
+
+def _row(step: int) -> str:
+    return json.dumps({"step": step, "data": {}}) + "\n"
+
+
+def test_a_swallowed_interrupt_comes_again_once_training_logs_a_step(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(_row(1))
+    swallowed = []
+    with pytest.raises(KeyboardInterrupt):
+        with sigterm_as_interrupt(metrics, every_s=0.05):
+            try:
+                signal.raise_signal(signal.SIGINT)
+            except KeyboardInterrupt:
+                swallowed.append(1)  # as code inside verl or Ray might
+            metrics.write_text(_row(1) + _row(2))  # training went on
+            time.sleep(10)  # the interrupt comes again within every_s
+    assert swallowed == [1]
+
+
+def test_no_second_interrupt_while_no_step_is_logged(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(_row(1))
+    with sigterm_as_interrupt(metrics, every_s=0.05):
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGTERM)  # a scheduler's stop is Ctrl-C too
+        time.sleep(0.5)  # shutting down: nothing logged, nothing raised
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
