@@ -16,7 +16,8 @@ import warnings
 from typing import Literal, get_args
 
 from recipes.verl_ext.early_start import EarlyStart, close_transfer_queue
-from recipes.verl_ext.worker_secrets import take_secrets, through_setup_hook
+from recipes.verl_ext.ray_init import pack_ray_init
+from recipes.verl_ext.worker_secrets import take_secrets
 
 # verl 0.9.1's own fallback for vLLM's MaxLoRARanks (verl/workers/rollout/vllm_rollout/utils.py,
 # get_vllm_max_lora_rank), used where vLLM is not installed; tests/recipes/verl_ext/test_api.py holds them equal
@@ -125,10 +126,10 @@ def run_ppo(cfg, task_runner_class=None) -> None:
             from verl.trainer.main_ppo_v0 import TaskRunner  # lazy: only the legacy trainer (trainer.use_v1=false)
 
             task_runner_class = TaskRunner
-    cfg, secrets = take_secrets(cfg)  # secret env vars reach the workers by Ray's setup hook, not a logged path
+    cfg, secrets = take_secrets(cfg)  # secret env vars reach the workers by Ray's setup hook (ray_init.py)
     if cfg.trainer.use_v1 and task_runner_class is TaskRunnerV1:
         # TransferQueue's actors and the hf rollout's servers start while the task runner imports verl and builds
         # its workers (recipes/verl_ext/early_start.py)
         task_runner_class = EarlyStart(task_runner_class, cfg)
-    with through_setup_hook(secrets):
+    with pack_ray_init(secrets):
         verl_run_ppo(cfg, task_runner_class=task_runner_class)

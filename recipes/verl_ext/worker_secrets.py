@@ -13,11 +13,9 @@ above holds the value. The workers' environment is the same as before (the hook 
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import importlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -53,28 +51,12 @@ def set_environ(secrets: Mapping[str, str]) -> None:
     os.environ.update(secrets)
 
 
-@contextlib.contextmanager
-def through_setup_hook(secrets: Mapping[str, str]) -> Iterator[None]:
-    """While open, ``ray.init`` adds ``worker_process_setup_hook``: :func:`set_environ` with ``secrets`` (chained
-    after a hook the caller already gave). Nothing changes without secrets."""
-    if not secrets:
-        yield
-        return
-    import ray  # lazy: only a training run starts Ray
-
-    original = ray.init
-
-    @functools.wraps(original)
-    def init(*args, runtime_env=None, **kwargs):
-        runtime_env = dict(runtime_env or {})
-        runtime_env["worker_process_setup_hook"] = setup_hook(secrets, runtime_env.get("worker_process_setup_hook"))
-        return original(*args, runtime_env=runtime_env, **kwargs)
-
-    ray.init = init
-    try:
-        yield
-    finally:
-        ray.init = original
+def with_setup_hook(runtime_env: Mapping | None, secrets: Mapping[str, str]) -> dict:
+    """``runtime_env`` with ``worker_process_setup_hook``: :func:`set_environ` with ``secrets``, chained before a
+    hook it had already."""
+    runtime_env = dict(runtime_env or {})
+    runtime_env["worker_process_setup_hook"] = setup_hook(secrets, runtime_env.get("worker_process_setup_hook"))
+    return runtime_env
 
 
 def setup_hook(secrets: Mapping[str, str], then=None):

@@ -129,3 +129,24 @@ def test_no_second_interrupt_while_no_step_is_logged(tmp_path):
             signal.raise_signal(signal.SIGTERM)  # a scheduler's stop is Ctrl-C too
         time.sleep(0.5)  # shutting down: nothing logged, nothing raised
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.mark.e2e
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_schedulers_sigterm_stops_the_run_as_ctrl_c_does(tmp_path):
+    # ray.init installs its own SIGTERM handler (it ends the process at once); the pack keeps its own
+    proc = subprocess.Popen([sys.executable, "-m", "recipes.grpo", "trainer.total_training_steps=6",
+                             "trainer.save_freq=1"], cwd=tmp_path, env=checkout_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith("step 2/"):
+            proc.send_signal(signal.SIGTERM)
+            break
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "SIGTERM received" not in err
+    run = next((tmp_path / "runs" / "grpo").iterdir())
+    lines = err.splitlines()
+    assert any(line.startswith("interrupted after step ") for line in lines)
+    assert any(line.startswith(f"last complete checkpoint: {run}/checkpoints/global_step_") for line in lines)

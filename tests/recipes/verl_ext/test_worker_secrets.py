@@ -78,3 +78,33 @@ def test_the_token_reaches_a_worker_through_verls_run_ppo_and_no_log_holds_it(tm
                                  env=checkout_env({"RAY_TMPDIR": ray_tmp, "PLANTED": PLANTED}), timeout=300)
         assert control.returncode == 0, control.stderr[-3000:]
         assert any(name.endswith("runtime_env_agent.log") for name in _files_holding(Path(ray_tmp), PLANTED))
+
+
+# ray.init replaces the driver's SIGTERM handler with one that ends the process at once (Ray 2.60)
+SIGTERM_AFTER_INIT = """
+import os, signal, sys, time, ray
+from recipes.verl_ext.ray_init import pack_ray_init
+def stop(signum, frame):
+    raise KeyboardInterrupt
+signal.signal(signal.SIGTERM, stop)
+with pack_ray_init({}) if sys.argv[1] == "pack" else open(os.devnull):
+    ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR")
+try:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)
+    print("no interrupt")
+except KeyboardInterrupt:
+    print("the pack's handler ran")
+ray.shutdown()
+"""
+
+
+@pytest.mark.ray
+def test_the_drivers_sigterm_handler_survives_ray_init(tmp_path):
+    with tempfile.TemporaryDirectory(prefix="rs", dir="/tmp") as ray_tmp:
+        ran = {mode: subprocess.run([sys.executable, "-c", SIGTERM_AFTER_INIT, mode], cwd=tmp_path,
+                                    env=checkout_env({"RAY_TMPDIR": ray_tmp}), capture_output=True, text=True,
+                                    timeout=120) for mode in ("pack", "plain")}
+    assert ran["pack"].stdout.strip() == "the pack's handler ran", ran["pack"].stderr[-2000:]
+    assert "the pack's handler ran" not in ran["plain"].stdout  # without it, Ray's handler ends the process
+    assert "SIGTERM received" in ran["plain"].stderr

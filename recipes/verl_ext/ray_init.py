@@ -1,0 +1,53 @@
+"""What the pack adds to the ``ray.init`` that verl 0.9.1's ``run_ppo`` makes (``ray.init`` wrapped while it runs).
+
+- Secret runtime-env variables reach the workers by Ray's setup hook, not by the logged ``env_vars``
+  (:mod:`recipes.verl_ext.worker_secrets`).
+- The driver's Python signal handlers stay: ``ray.init`` installs its own SIGTERM handler, which ends the process at
+  once, so a scheduler's SIGTERM would skip the pack's clean stop (the last checkpoint and the resume command,
+  recipes/interrupt.py). The handlers in place before the call are put back after it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import signal
+import threading
+from collections.abc import Iterator, Mapping
+
+from recipes.verl_ext.worker_secrets import with_setup_hook
+
+KEPT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def pack_ray_init(secrets: Mapping[str, str]) -> Iterator[None]:
+    """While open, ``ray.init`` carries ``secrets`` by the setup hook and keeps this process's signal handlers."""
+    import ray  # lazy: only a training run starts Ray
+
+    original = ray.init
+
+    @functools.wraps(original)
+    def init(*args, runtime_env=None, **kwargs):
+        if secrets:
+            runtime_env = with_setup_hook(runtime_env, secrets)
+        kept = kept_handlers()
+        try:
+            return original(*args, runtime_env=runtime_env, **kwargs)
+        finally:
+            for sig, handler in kept.items():
+                signal.signal(sig, handler)
+
+    ray.init = init
+    try:
+        yield
+    finally:
+        ray.init = original
+
+
+def kept_handlers() -> dict:
+    """The Python handlers of :data:`KEPT_SIGNALS` now, where they can be set again (the main thread; handlers
+    Python installed)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: handler for sig in KEPT_SIGNALS if (handler := signal.getsignal(sig)) is not None}
