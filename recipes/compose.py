@@ -148,6 +148,11 @@ def explain_hydra_error(error: Exception, overrides: list[str], recipe: str = "g
         if "." not in key and key in pack_groups():
             choices = group_options(key)
             return f"{key}: needs an option, e.g. {key}={choices[0]}; choose from {', '.join(choices)}"
+        group = difflib.get_close_matches(key, pack_groups(), n=1, cutoff=0.75) if "." not in key else []
+        if group:  # a misspelt group (parallell=tp2): the group, not advice to add a key
+            typed = next((override_value(o) for o in overrides if override_key(o) == key), "")
+            return (f"{key}={typed}: no such key or config group (did you mean {group[0]}={typed}? its options: "
+                    f"{', '.join(group_options(group[0]))})")
         return f"{key}: no such key{_suggest(key, overrides, recipe)}; to add a new key write +{key}=VALUE"
     match = re.search(r"Key '([^']+)' is not in struct", text)
     if match:

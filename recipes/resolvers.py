@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 _ASSET_FIELDS = {
     # key -> field of recipes.verl_ext.demo.TinyAssets (built on first use, then cached)
@@ -39,17 +39,22 @@ def _token_budget(factor, max_prompt_length, max_response_length, role="actor", 
     return token_budget(str(role), factor, max_prompt_length, max_response_length, _root_)
 
 
-def _nccl_env(env, megatron_env, strategy: str) -> dict:
+def _nccl_env(env, megatron_env, strategy: str) -> DictConfig:
     merged = dict(OmegaConf.to_container(env, resolve=True) if env is not None else {})
     if strategy == "megatron" and megatron_env is not None:
         merged.update(OmegaConf.to_container(megatron_env, resolve=True))
-    return {str(k): str(v) for k, v in merged.items()}
+    # a config node, not a dict: OmegaConf.resolve (Hydra's --cfg job --resolve) can put a node in place of the
+    # interpolation, not a plain dict
+    return OmegaConf.create({str(k): str(v) for k, v in merged.items()})
 
 
 def _run_dir() -> str:
-    """Hydra's output folder of this run; outside a Hydra run (tests, compose API) a fixed placeholder."""
+    """Hydra's output folder of this run; before the job has one (``--cfg job --resolve`` prints the config first),
+    the folder it would get (``hydra.run.dir``); outside a Hydra run (tests, compose API) a fixed placeholder."""
     if HydraConfig.initialized():
-        return str(HydraConfig.get().runtime.output_dir)
+        hydra_cfg = HydraConfig.get()
+        output_dir = OmegaConf.select(hydra_cfg, "runtime.output_dir", default=None)
+        return str(output_dir if output_dir is not None else hydra_cfg.run.dir)
     return os.path.join("runs", "compose")
 
 

@@ -18,6 +18,8 @@ BAD = [
     ("grpo", ["cluster=_node"], "cluster=_node: no such option; choose from a100_80g, cpu, h100_80g, h200_141g"),
     ("grpo", ["actor_rollout_ref.actor.optim.lrr=3"],
      "actor_rollout_ref.actor.optim.lrr: no such key (did you mean actor_rollout_ref.actor.optim.lr?)"),
+    ("grpo", ["parallell=tp2"],
+     "parallell=tp2: no such key or config group (did you mean parallel=tp2? its options: cpu, tp1, tp2, tp4,"),
     ("grpo", ["algorithm.adv_estimatr=gae"],
      "algorithm.adv_estimatr: no such key (did you mean algorithm.adv_estimator?)"),
     ("grpo", ["parallel=tp8pp4", "strategy=megatron"],

@@ -104,6 +104,14 @@ def test_machine_readable_output_is_only_data_on_stdout(tmp_path, recipe_cli):
     assert job.returncode == 0, job.stderr[-2000:]
     assert yaml.safe_load(job.stdout)["run"]["name"] == "grpo"
     assert "embedded CPU defaults" in job.stderr
+    # resolved: every interpolation filled in (the run folder it would get, the token budgets), nothing created
+    resolved = recipe_cli("grpo", "--cfg", "job", "--resolve", cwd=tmp_path)
+    assert resolved.returncode == 0 and "Traceback" not in resolved.stderr, resolved.stderr[-2000:]
+    values = yaml.safe_load(resolved.stdout)
+    assert values["trainer"]["default_local_dir"].startswith("runs/grpo/") and "${" not in resolved.stdout
+    assert isinstance(values["actor_rollout_ref"]["actor"]["ppo_max_token_len_per_gpu"], int)
+    assert values["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"] == {}  # nccl=off: the pack's map is empty
+    assert not (tmp_path / "runs").exists()
     plan = recipe_cli("grpo", "parallel=tp2", "action=plan", "plan.format=json", cwd=tmp_path)
     assert plan.returncode == 0, plan.stderr[-2000:]
     assert json.loads(plan.stdout)["fits"] is True
