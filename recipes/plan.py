@@ -143,18 +143,34 @@ def budget_lines(cfg: DictConfig, auto: dict | None) -> list[str]:
     if auto is None:
         return ["token budgets: auto could not be planned (see the errors); the source article's 3x / 4x / 6x stand"]
     limits = auto["limits"]
+    update, update_note = _budget(cfg, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+                                  auto["ppo_max_token_len_per_gpu"], limits["update"])
+    log_prob, log_prob_note = _budget(cfg, "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+                                      auto["log_prob_max_token_len_per_gpu"], limits["log_prob"])
+    critic, critic_note = _budget(cfg, "critic.ppo_max_token_len_per_gpu", auto["critic_ppo_max_token_len_per_gpu"])
+    typed = any("typed" in note for note in (update_note, log_prob_note, critic_note))
     return [
-        f"token budgets: auto (batching.*_factor null): update {auto['ppo_max_token_len_per_gpu']:,} tokens per GPU "
-        f"(limited by {limits['update']}), log-prob {auto['log_prob_max_token_len_per_gpu']:,} (limited by "
-        f"{limits['log_prob']}), critic {auto['critic_ppo_max_token_len_per_gpu']:,}; a {auto['margin']:.0%} margin "
-        f"on the budget-dependent bytes",
-        f"token budgets: training {gib_text(auto['training_bytes'])}, log-prob {gib_text(auto['log_prob_bytes'])} of "
-        f"{gib_text(auto['gpu_bytes'])}: headroom {gib_text(auto['headroom_bytes'])}",
+        f"token budgets: auto{' where not typed' if typed else ''} (batching.*_factor null): update {update:,} tokens "
+        f"per GPU{update_note}, log-prob {log_prob:,}{log_prob_note}, critic {critic:,}{critic_note}; a "
+        f"{auto['margin']:.0%} margin on the budget-dependent bytes",
+        f"token budgets{' (at the auto values)' if typed else ''}: training {gib_text(auto['training_bytes'])}, "
+        f"log-prob {gib_text(auto['log_prob_bytes'])} of {gib_text(auto['gpu_bytes'])}: headroom "
+        f"{gib_text(auto['headroom_bytes'])}",
     ]
 
 
-def run_plan(checked, out=sys.stdout) -> int:
+def _budget(cfg: DictConfig, key: str, auto: int, limit: str | None = None) -> tuple[int, str]:
+    """One budget of the plan's line and its note: the typed value beside the auto one, or the auto value and what
+    limits it."""
+    value = OmegaConf.select(cfg, key, default=None)
+    if isinstance(value, int) and value != auto:
+        return value, f" (typed {key}; auto {auto:,})"
+    return auto, f" (limited by {limit})" if limit else ""
+
+
+def run_plan(checked, out=None) -> int:
     """Print the plan (table or JSON), draw the picture if asked; 2 when the plan or the config has errors."""
+    out = sys.stdout if out is None else out  # at call time: the stdout of now (a test may capture it)
     cfg = checked.cfg
     try:
         keys = load_section(PlanKeys, cfg.get("plan"), "plan")

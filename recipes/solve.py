@@ -211,9 +211,10 @@ def render_table(result: SolveResult, rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def run_solve(run, fmt: str, settings: PlanSettings, cluster: ClusterSpec, out=sys.stdout) -> int:
+def run_solve(run, fmt: str, settings: PlanSettings, cluster: ClusterSpec, out=None) -> int:
     """Print the ranked layouts (table or JSON); 2 with one line on stderr when nothing fits. ``settings`` and
     ``cluster``: the planner's inputs as ``recipes.plan`` reads them from the run's config."""
+    out = sys.stdout if out is None else out  # at call time: the stdout of now (a test may capture it)
     others = [problem for problem in run.problems if not _about_layout(problem)]
     if others:  # mistakes the search cannot choose its way around
         for problem in others:

@@ -138,3 +138,17 @@ def test_the_hf_rollout_holds_its_fp32_model_on_the_gpu_and_reserves_nothing_mor
     assert memory["phases"]["training"] - without["phases"]["training"] == rollout["reserved"]  # vLLM sleeps
     table = _cli(*H200, "rollout=hf", "action=plan").stdout
     assert "  rollout  hf: weights 1.84 GiB, nothing reserved (HF transformers: the whole model in fp32" in table
+
+
+def test_a_typed_budget_is_the_one_the_plan_line_names(plan_json, tmp_path, monkeypatch, capsys):
+    from recipes.launch import run_recipe
+
+    auto = plan_json["token_budgets"]["auto"]
+    monkeypatch.chdir(tmp_path)
+    run_recipe("grpo", [*H200, "action=plan", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=20000"])
+    (line, at_auto) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("token budgets")]
+    assert line.startswith(
+        "token budgets: auto where not typed (batching.*_factor null): update 20,000 tokens per GPU (typed "
+        f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu; auto {auto['ppo_max_token_len_per_gpu']:,}), log-prob "
+        f"{auto['log_prob_max_token_len_per_gpu']:,} (limited by memory)")
+    assert at_auto.startswith("token budgets (at the auto values): training ")
