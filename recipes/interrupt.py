@@ -16,8 +16,8 @@ import signal
 import threading
 from pathlib import Path
 
-from recipes import checkpoints as ckpt
 from recipes.monitor import read_metrics
+from recipes.resume import resumable_checkpoint
 from recipes.verl_ext.stability.faults import classify
 
 EXIT_CODE = 130
@@ -27,7 +27,8 @@ RESUME_KEYS = ("run.resume=", "trainer.resume_mode=", "trainer.resume_from_path=
 
 @contextlib.contextmanager
 def sigterm_as_interrupt(metrics_path: Path | None = None, every_s: float = 2.0):
-    """For the block, SIGTERM (a scheduler's stop) is handled as Ctrl-C; the previous handlers come back after.
+    """For the block, SIGTERM (a scheduler's stop) is handled as Ctrl-C; the previous handlers come back after (a
+    signal the process was started ignoring stays ignored).
 
     With ``metrics_path``: once interrupted, a step logged after that is evidence that the KeyboardInterrupt was
     swallowed on its way up (inside verl or Ray), so the interrupt is raised again, until the block is left."""
@@ -43,7 +44,9 @@ def sigterm_as_interrupt(metrics_path: Path | None = None, every_s: float = 2.0)
                              name="interrupt-again", daemon=True).start()
         raise KeyboardInterrupt
 
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+    # a SIGINT ignored by whoever started this process (nohup, a background job) stays ignored
+    wanted = [sig for sig in (signal.SIGTERM, signal.SIGINT) if signal.getsignal(sig) is not signal.SIG_IGN]
+    previous = {sig: signal.signal(sig, interrupt) for sig in wanted}
     try:
         yield
     finally:
@@ -59,10 +62,10 @@ def _again_while_training(metrics_path: Path, steps: int, left: threading.Event,
             signal.pthread_kill(main, signal.SIGINT)  # to the main thread: it wakes from a blocking call
 
 
-def last_checkpoint(checkpoints: Path) -> Path | None:
-    """The last complete checkpoint folder under ``checkpoints``, or None."""
-    latest = ckpt.scan(checkpoints).latest
-    return latest[1] if latest else None
+def last_checkpoint(run_dir: Path, checkpoints: Path) -> Path | None:
+    """The checkpoint the run goes on from (``run.resume=``): the latest complete one whose step is in the run's
+    metrics.jsonl (an interrupt between verl's save of step N and its log of step N leaves N unlogged), or None."""
+    return resumable_checkpoint(Path(run_dir) / "metrics.jsonl", checkpoints)
 
 
 def resume_command(command: list[str], run_dir: Path) -> list[str]:
@@ -76,7 +79,7 @@ def interrupted_lines(run_dir: Path, checkpoints: Path, command: list[str]) -> l
     rows = read_metrics(Path(run_dir) / "metrics.jsonl")
     lines = [f"interrupted after step {rows[-1][0] if rows else 0}; Ray and verl's workers stopped; the run folder "
              f"stays: {run_dir}"]
-    kept = last_checkpoint(checkpoints)
+    kept = last_checkpoint(run_dir, checkpoints)
     if kept is None:
         lines.append("no complete checkpoint yet (trainer.save_freq sets how often one is written)")
         return lines
@@ -104,7 +107,7 @@ def lost_worker_line(failure: str, run_dir: Path, checkpoints: Path, command: li
     cause = (f"{who} ran out of memory" if reason == "oom" else
              f"{who} died" + (f" ({exit_type.group(1)})" if exit_type else ""))
     rows = read_metrics(Path(run_dir) / "metrics.jsonl")
-    kept = last_checkpoint(checkpoints)
+    kept = last_checkpoint(run_dir, checkpoints)
     where = (f"last complete checkpoint: {kept}; resume: {shlex.join(resume_command(command, run_dir))}" if kept
              else "no complete checkpoint yet (trainer.save_freq sets how often one is written)")
     return (f"training stopped after step {rows[-1][0] if rows else 0}: {cause}; {where} (stability=auto restarts "

@@ -88,6 +88,16 @@ def _logged_checkpoint(metrics: Path, found: ckpt.Scan, step: int, start: Path) 
                           f"log): resuming from {folder}, steps {back + 1}-{step} run again"]
 
 
+def resumable_checkpoint(metrics: Path, checkpoints: Path) -> Path | None:
+    """The checkpoint ``run.resume=`` would continue from: the latest complete one whose step is logged in
+    ``metrics`` (or the latest complete one where none is); None without a complete checkpoint."""
+    found = ckpt.scan(checkpoints)
+    if found.latest is None:
+        return None
+    step, folder = found.latest
+    return _logged_checkpoint(metrics, found, step, folder)[1]
+
+
 def _row_step(line: str) -> int | None:
     """The step of one ``metrics.jsonl`` row, or None for a line that is not a row (cut by a crash)."""
     try:

@@ -38,8 +38,10 @@ def _sessions_left(before: set[str], within_s: float = 30.0) -> set[str]:
 def test_ctrl_c_stops_cleanly_and_the_resume_command_continues(tmp_path, recipe_cli):
     command = [sys.executable, "-m", "recipes.grpo", "trainer.save_freq=2"]
     before = _ray_sessions()
+    # Ctrl-C as a terminal delivers it: a suite started in the background (`make test &`) hands its children SIGINT
+    # ignored, and Python then leaves it ignored
     proc = subprocess.Popen(command, cwd=tmp_path, env=checkout_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = []
     for line in proc.stdout:
         seen.append(line)

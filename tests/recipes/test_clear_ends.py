@@ -93,7 +93,7 @@ def test_a_worker_killed_mid_run_ends_with_that_line(tmp_path):
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 1, err[-3000:]
     assert "Traceback" not in err
-    last = err.strip().splitlines()[-1]
+    (last,) = [line for line in err.splitlines() if line.startswith("training stopped after ")]  # one line
     run = next((tmp_path / "runs" / "grpo").iterdir())
     assert last.startswith("training stopped after step ") and ": ray::WorkerDict (pid " in last
     assert f"last complete checkpoint: {run}/checkpoints/global_step_" in last
@@ -106,7 +106,15 @@ def _row(step: int) -> str:
     return json.dumps({"step": step, "data": {}}) + "\n"
 
 
-def test_a_swallowed_interrupt_comes_again_once_training_logs_a_step(tmp_path):
+@pytest.fixture
+def ctrl_c():
+    """SIGINT as an interactive shell leaves it (a background job, `nohup`, starts with it ignored); put back after."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield before
+    signal.signal(signal.SIGINT, before)
+
+
+def test_a_swallowed_interrupt_comes_again_once_training_logs_a_step(tmp_path, ctrl_c):
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text(_row(1))
     swallowed = []
@@ -121,14 +129,22 @@ def test_a_swallowed_interrupt_comes_again_once_training_logs_a_step(tmp_path):
     assert swallowed == [1]
 
 
-def test_no_second_interrupt_while_no_step_is_logged(tmp_path):
+def test_no_second_interrupt_while_no_step_is_logged(tmp_path, ctrl_c):
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text(_row(1))
+    term = signal.getsignal(signal.SIGTERM)
     with sigterm_as_interrupt(metrics, every_s=0.05):
         with pytest.raises(KeyboardInterrupt):
             signal.raise_signal(signal.SIGTERM)  # a scheduler's stop is Ctrl-C too
         time.sleep(0.5)  # shutting down: nothing logged, nothing raised
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == (signal.default_int_handler, term)
+
+
+def test_an_ignored_ctrl_c_stays_ignored(tmp_path, ctrl_c):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # started in the background
+    with sigterm_as_interrupt(tmp_path / "metrics.jsonl"):
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        signal.raise_signal(signal.SIGINT)  # nothing happens
 
 
 @pytest.mark.e2e
@@ -150,3 +166,10 @@ def test_a_schedulers_sigterm_stops_the_run_as_ctrl_c_does(tmp_path):
     lines = err.splitlines()
     assert any(line.startswith("interrupted after step ") for line in lines)
     assert any(line.startswith(f"last complete checkpoint: {run}/checkpoints/global_step_") for line in lines)
+
+
+def test_a_checkpoint_saved_but_not_logged_is_not_the_one_offered(tmp_path):
+    # stopped between verl's save of step 4 and its log of step 4: run.resume= goes on from step 2, and so says the line
+    run = _run_folder(tmp_path, steps=3, saved=[2, 4])
+    line = lost_worker_line(ACTOR_DIED, run, run / "checkpoints", ["python"])
+    assert f"last complete checkpoint: {run}/checkpoints/global_step_2;" in line
