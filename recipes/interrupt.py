@@ -57,8 +57,9 @@ def sigterm_as_interrupt(metrics_path: Path | None = None, every_s: float = 2.0)
 
 def _again_while_training(metrics_path: Path, steps: int, left: threading.Event, every_s: float, main: int) -> None:
     while not left.wait(every_s):
-        if len(read_metrics(metrics_path)) > steps:  # training went on: the interrupt did not arrive
-            steps = len(read_metrics(metrics_path))
+        logged = len(read_metrics(metrics_path))
+        if logged > steps:  # training went on: the interrupt did not arrive
+            steps = logged
             signal.pthread_kill(main, signal.SIGINT)  # to the main thread: it wakes from a blocking call
 
 
