@@ -86,7 +86,9 @@ def compare(hf_model, bridge, model, seq_len: int = 16, batch: int = 2) -> dict:
     positions = torch.arange(seq_len).expand(batch, seq_len)
     with torch.no_grad():
         ref = hf_model(input_ids=ids).logits.float()
-        out = model[0](input_ids=ids, position_ids=positions, attention_mask=None).float()
+        # verl's bshd mask (True on the tokens to keep; the patched local attention drops it for the causal one)
+        keep = torch.ones(batch, seq_len, dtype=torch.bool)
+        out = model[0](input_ids=ids, position_ids=positions, attention_mask=keep).float()
     hf_state = hf_model.state_dict()
     exported = dict(bridge.export_weights(model))
     bit_exact = sorted(exported) == sorted(hf_state) and all(

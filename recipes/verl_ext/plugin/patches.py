@@ -37,7 +37,7 @@ and the FSDP engine's own reference)        every token (``logprobs_from_logits_
 ``McoreEngineConfig.__post_init__``,        only where TransformerEngine cannot be imported (``apply_no_te_patches``;
 mbridge's ``get_gpt_decoder_block_spec``    pinned to :data:`SUPPORTED_MEGATRON`): mbridge hard-codes the TE layer
 and ``_weight_name_mapping_mcore_to_hf``,   spec (``use_transformer_engine=True``) and Megatron-Bridge, verl's default,
-``model_forward.preprocess_bshd_engine``,   needs TE too. The engine takes ``vanilla_mbridge`` (mbridge), padded
+``DotProductAttention.forward``,            needs TE too. The engine takes ``vanilla_mbridge`` (mbridge), padded
                                             batches (``use_remove_padding=False``: the packed ``thd`` path is TE's)
                                             and ``masked_softmax_fusion=False``; mbridge builds megatron-core's local
                                             spec, whose separate layernorms (``input_layernorm``,
@@ -46,7 +46,12 @@ and ``_weight_name_mapping_mcore_to_hf``,   spec (``use_transformer_engine=True`
                                             True, verl's bshd mask is True on the tokens to keep; right-padded
                                             rows under the causal mask need none). mbridge reads
 ``LLMBridge._get_gptmodel_args``            ``hf_config.rope_theta``, which transformers 5 keeps in
-                                            ``rope_parameters``: it takes verl's ``get_hf_rope_theta``.
+                                            ``rope_parameters``: it takes verl's ``get_hf_rope_theta``. The engine
+``McoreEngineConfig.__setattr__``           workers copy the model's ``use_remove_padding`` onto the engine config
+                                            after it is built: that assignment keeps False. With torch's Adam
+``DistributedOptimizer.state_dict``         megatron-core asserts one ``step`` in the optimizer state, which a
+                                            resume asks for before the first step: the fresh state (zero moments,
+                                            step 0) is created first.
 ==========================================  ===================================================================
 
 Patches to modules that are slow to import (the engines pull in transformers and peft) are applied right after the
@@ -421,10 +426,11 @@ def apply_no_te_patches() -> None:
     if transformer_engine_installed():
         return
     when_imported("verl.workers.config.engine", _no_te_engine_config)
-    when_imported("verl.models.mcore.model_forward", _no_bshd_attention_mask)
+    when_imported("megatron.core.transformer.dot_product_attention", _causal_mask_only)
     when_imported("mbridge.core.llm_bridge", _local_layer_spec)
     when_imported("mbridge.core.llm_bridge", _rope_theta_from_rope_parameters)
     when_imported("mbridge.core.bridge", _local_layernorm_names)
+    when_imported("megatron.core.optimizer.distrib_optimizer", _fresh_optimizer_state)
 
 
 def _no_te_engine_config(engine_config) -> None:
@@ -442,20 +448,36 @@ def _no_te_engine_config(engine_config) -> None:
         return __post_init__
 
     _wrap_once(engine_config.McoreEngineConfig, "__post_init__", "_hybrid_engine_no_te", wrap)
+    _wrap_once(engine_config.McoreEngineConfig, "__setattr__", "_hybrid_engine_no_te", _padded_batches_only)
 
 
-def _no_bshd_attention_mask(model_forward) -> None:
-    require_supported_verl()
+def _padded_batches_only(original):
+    """verl's engine workers assign ``engine_config.use_remove_padding`` from the model config after the config is
+    built (verl/workers/engine_workers.py): without TE that assignment keeps False."""
+
+    @functools.wraps(original)
+    def __setattr__(self, name, value):
+        original(self, name, False if name == "use_remove_padding" else value)
+
+    return __setattr__
+
+
+def _causal_mask_only(dot_product_attention) -> None:
+    require_supported_megatron()
+    causal = dot_product_attention.AttnMaskType.causal
 
     def wrap(original):
         @functools.wraps(original)
-        def preprocess_bshd_engine(*args, **kwargs):
-            input_ids, _mask_true_on_tokens, position_ids = original(*args, **kwargs)
-            return input_ids, None, position_ids
+        def forward(self, query, key, value, attention_mask, *args, **kwargs):
+            # verl's bshd mask ([b, s], True on the tokens to keep) is the inverse of megatron-core's (True = masked);
+            # it is also the mask verl un-pads the output with, so it is dropped here and not where verl builds it
+            if self.attn_mask_type == causal:
+                attention_mask = None
+            return original(self, query, key, value, attention_mask, *args, **kwargs)
 
-        return preprocess_bshd_engine
+        return forward
 
-    _wrap_once(model_forward, "preprocess_bshd_engine", "_hybrid_engine_no_te", wrap)
+    _wrap_once(dot_product_attention.DotProductAttention, "forward", "_hybrid_engine_no_te", wrap)
 
 
 def _local_layer_spec(llm_bridge) -> None:
@@ -487,6 +509,28 @@ def _rope_theta_from_rope_parameters(llm_bridge) -> None:
         return _get_gptmodel_args
 
     _wrap_once(llm_bridge.LLMBridge, "_get_gptmodel_args", "_hybrid_engine_no_te", wrap)
+
+
+def _fresh_optimizer_state(distrib_optimizer) -> None:
+    require_supported_megatron()
+
+    def wrap(original):
+        @functools.wraps(original)
+        def state_dict(self):
+            # with torch's Adam (no TE, no apex) megatron-core reads one 'step' off the inner optimizer's state and
+            # asserts it exists; a resume asks before the first step, when there is none. The state torch's Adam
+            # would create at its first step (zero moments, step 0) is the same optimizer: it is created here.
+            if not distrib_optimizer.HAVE_APEX_OR_TE and not self.optimizer.state and self.init_state_fn:
+                import torch  # lazy: loaded already where megatron-core is; the plugin module stays torch-free
+
+                self.init_state_fn(self.optimizer, self.config)
+                for state in self.optimizer.state.values():
+                    state.setdefault("step", torch.tensor(0.0))
+            return original(self)
+
+        return state_dict
+
+    _wrap_once(distrib_optimizer.DistributedOptimizer, "state_dict", "_hybrid_engine_no_te", wrap)
 
 
 _LOCAL_TO_TE_NAMES = {

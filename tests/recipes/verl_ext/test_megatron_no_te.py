@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -22,9 +23,10 @@ from recipes.verl_ext.plugin import patches
 ROOT = Path(__file__).resolve().parents[3]
 PATCHED_MODULES = {
     "verl.workers.config.engine",
-    "verl.models.mcore.model_forward",
+    "megatron.core.transformer.dot_product_attention",
     "mbridge.core.llm_bridge",
     "mbridge.core.bridge",
+    "megatron.core.optimizer.distrib_optimizer",
 }
 
 
@@ -77,6 +79,10 @@ def test_engine_config_takes_local_spec_values_and_says_nothing(capsys):
     for config in configs:
         assert (config.vanilla_mbridge, config.use_remove_padding) == (True, False)
         assert config.override_transformer_config["masked_softmax_fusion"] is False
+    # verl's engine workers copy the model's use_remove_padding (true in both recipes) onto the engine config
+    configs[0].use_remove_padding = True
+    configs[0].forward_only = True
+    assert (configs[0].use_remove_padding, configs[0].forward_only) == (False, True)
 
 
 megatron_installed = pytest.mark.skipif(
@@ -98,3 +104,33 @@ def test_tiny_qwen2_round_trips_through_the_local_spec():
     assert result["max_abs_logit_diff"] < 0.02  # bf16 noise on logits of magnitude ~0.5
     assert result["argmax_agreement"] == 1.0
     assert result["export_bit_exact"] and result["exported_tensors"] == result["hf_tensors"]
+
+
+@megatron_installed
+def test_distributed_optimizer_state_dict_before_the_first_step(monkeypatch):
+    """A resume asks megatron-core's DistributedOptimizer for its state dict before any step (torch's Adam, no TE)."""
+    import torch
+    from megatron.core.optimizer import distrib_optimizer
+
+    monkeypatch.setattr(distrib_optimizer, "HAVE_APEX_OR_TE", False)
+    patches._fresh_optimizer_state(distrib_optimizer)
+    weights = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))]
+    adam = torch.optim.Adam(weights, lr=0.1)
+
+    def init_state_fn(opt, config=None):  # megatron-core's own for adam (megatron/core/optimizer/__init__.py)
+        for group in opt.param_groups:
+            for p in group["params"]:
+                opt.state[p]["exp_avg"] = torch.zeros_like(p.data)
+                opt.state[p]["exp_avg_sq"] = torch.zeros_like(p.data)
+
+    fresh = types.SimpleNamespace(optimizer=adam, init_state_fn=init_state_fn, config=None, grad_scaler=None)
+    state = distrib_optimizer.DistributedOptimizer.state_dict(fresh)
+    assert [group["step"] for group in state["optimizer"]["param_groups"]] == [0.0]
+    # the state created is the one torch's Adam creates at its first step: one step from here matches a fresh Adam
+    reference = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))]
+    fresh_adam = torch.optim.Adam(reference, lr=0.1)
+    for params, opt in ((weights, adam), (reference, fresh_adam)):
+        for p, g in zip(params, (torch.tensor([1.0, -2.0, 3.0]), torch.tensor([0.5, 0.25])), strict=True):
+            p.grad = g
+        opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(weights, reference, strict=True))
