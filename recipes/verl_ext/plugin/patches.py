@@ -51,7 +51,9 @@ and ``_weight_name_mapping_mcore_to_hf``,   spec (``use_transformer_engine=True`
                                             after it is built: that assignment keeps False. With torch's Adam
 ``DistributedOptimizer.state_dict``         megatron-core asserts one ``step`` in the optimizer state, which a
                                             resume asks for before the first step: the fresh state (zero moments,
-                                            step 0) is created first.
+                                            step 0) is created first. A critic from a
+``SafeTensorIO.load_some_hf_weight``        tied-embedding checkpoint: mbridge asks for ``lm_head.weight`` (to skip
+                                            it for the value head); the embedding is handed instead.
 ==========================================  ===================================================================
 
 Patches to modules that are slow to import (the engines pull in transformers and peft) are applied right after the
@@ -413,6 +415,7 @@ def apply_cpu_patches() -> None:
 
 # ---- strategy=megatron without TransformerEngine -----------------------------------------------------------------
 
+
 def transformer_engine_installed() -> bool:
     """True where the transformer_engine package can be imported (mbridge's layer spec and Megatron-Bridge need it)."""
     return importlib.util.find_spec("transformer_engine") is not None
@@ -431,6 +434,7 @@ def apply_no_te_patches() -> None:
     when_imported("mbridge.core.llm_bridge", _rope_theta_from_rope_parameters)
     when_imported("mbridge.core.bridge", _local_layernorm_names)
     when_imported("megatron.core.optimizer.distrib_optimizer", _fresh_optimizer_state)
+    when_imported("mbridge.core.safetensor_io", _tied_output_layer)
 
 
 def _no_te_engine_config(engine_config) -> None:
@@ -531,6 +535,32 @@ def _fresh_optimizer_state(distrib_optimizer) -> None:
         return state_dict
 
     _wrap_once(distrib_optimizer.DistributedOptimizer, "state_dict", "_hybrid_engine_no_te", wrap)
+
+
+_HF_HEAD, _HF_EMBEDDING = "lm_head.weight", "model.embed_tokens.weight"
+
+
+def _tied_output_layer(safetensor_io) -> None:
+    require_supported_megatron()
+
+    def wrap(original):
+        @functools.wraps(original)
+        def load_some_hf_weight(self, hf_weight_names):
+            # a critic (value model) asks for lm_head.weight to skip it (mbridge's Bridge.load_weights); a
+            # tied-embedding checkpoint (the tiny model, Qwen2.5-0.5B) has none: it is the embedding. verl's
+            # Megatron-Bridge path allows the mismatch; mbridge, which runs without TE, raised
+            names = list(hf_weight_names)
+            if _HF_HEAD not in names or _HF_HEAD in self.load_hf_weight_names():
+                return original(self, names)
+            weights = original(
+                self, [n for n in names if n != _HF_HEAD] + [_HF_EMBEDDING] * (_HF_EMBEDDING not in names)
+            )
+            weights[_HF_HEAD] = weights[_HF_EMBEDDING] if _HF_EMBEDDING in names else weights.pop(_HF_EMBEDDING)
+            return weights
+
+        return load_some_hf_weight
+
+    _wrap_once(safetensor_io.SafeTensorIO, "load_some_hf_weight", "_hybrid_engine_no_te", wrap)
 
 
 _LOCAL_TO_TE_NAMES = {

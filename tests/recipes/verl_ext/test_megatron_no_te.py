@@ -27,6 +27,7 @@ PATCHED_MODULES = {
     "mbridge.core.llm_bridge",
     "mbridge.core.bridge",
     "megatron.core.optimizer.distrib_optimizer",
+    "mbridge.core.safetensor_io",
 }
 
 
@@ -134,3 +135,24 @@ def test_distributed_optimizer_state_dict_before_the_first_step(monkeypatch):
             p.grad = g
         opt.step()
     assert all(torch.equal(a, b) for a, b in zip(weights, reference, strict=True))
+
+
+@megatron_installed
+def test_a_tied_checkpoint_hands_the_embedding_for_lm_head(tmp_path):
+    """mbridge loads a critic's lm_head.weight (to skip it); a tied-embedding checkpoint has only the embedding."""
+    import torch
+    from mbridge.core import safetensor_io
+    from safetensors.torch import save_file
+
+    patches._tied_output_layer(safetensor_io)
+    embedding, norm = torch.randn(8, 4), torch.randn(4)
+    save_file({"model.embed_tokens.weight": embedding, "model.norm.weight": norm}, tmp_path / "model.safetensors")
+    reader = safetensor_io.SafeTensorIO(str(tmp_path))
+    weights = reader.load_some_hf_weight(["lm_head.weight", "model.norm.weight"])
+    assert sorted(weights) == ["lm_head.weight", "model.norm.weight"]
+    assert torch.equal(weights["lm_head.weight"], embedding) and torch.equal(weights["model.norm.weight"], norm)
+    both = reader.load_some_hf_weight(["model.embed_tokens.weight", "lm_head.weight"])
+    assert sorted(both) == ["lm_head.weight", "model.embed_tokens.weight"]
+    assert torch.equal(both["lm_head.weight"], embedding)
+    save_file({"lm_head.weight": norm[None]}, tmp_path / "model.safetensors")  # untied: read as it is
+    assert torch.equal(reader.load_some_hf_weight(["lm_head.weight"])["lm_head.weight"], norm[None])
