@@ -548,8 +548,10 @@ def _tied_output_layer(safetensor_io) -> None:
         def load_some_hf_weight(self, hf_weight_names):
             # a critic (value model) asks for lm_head.weight to skip it (mbridge's Bridge.load_weights); a
             # tied-embedding checkpoint (the tiny model, Qwen2.5-0.5B) has none: it is the embedding. verl's
-            # Megatron-Bridge path allows the mismatch; mbridge, which runs without TE, raised
-            names = list(hf_weight_names)
+            # Megatron-Bridge path allows the mismatch; mbridge, which runs without TE, raised. mbridge also counts
+            # what it read against the names asked, so a name asked twice (a critic's lm_head.weight on a resume
+            # on the H200, 2026-12-04) failed as "Weights set() not found": each name is read once
+            names = list(dict.fromkeys(hf_weight_names))
             if _HF_HEAD not in names or _HF_HEAD in self.load_hf_weight_names():
                 return original(self, names)
             weights = original(

@@ -156,3 +156,5 @@ def test_a_tied_checkpoint_hands_the_embedding_for_lm_head(tmp_path):
     assert torch.equal(both["lm_head.weight"], embedding)
     save_file({"lm_head.weight": norm[None]}, tmp_path / "model.safetensors")  # untied: read as it is
     assert torch.equal(reader.load_some_hf_weight(["lm_head.weight"])["lm_head.weight"], norm[None])
+    # a critic's resume asked for lm_head.weight twice; mbridge counted the answer against the names asked
+    assert list(reader.load_some_hf_weight(["lm_head.weight", "lm_head.weight"])) == ["lm_head.weight"]
