@@ -27,6 +27,7 @@ __all__ = [
     "arch_from_config",
     "build_spec",
     "load_arch",
+    "longest_sequence",
     "looks_like_hub_id",
     "shipped_name_of_folder",
     "shipped_name_of_hub_id",
@@ -210,6 +211,22 @@ def _find_config(name_or_path: str | Path) -> tuple[Path, str]:
         f"model {text!r} not found: not a shipped name, a folder with config.json, or a config file."
         f" Shipped: {shipped_models()} (or their hub ids: {sorted(h for hs in SHIPPED_HUB_IDS.values() for h in hs)})"
     )
+
+
+# RoPE scalings whose max_position_embeddings already states the longest sequence (vLLM's _get_and_verify_max_len)
+_ROPE_SCALINGS_STATED = ("su", "longrope", "llama3", "default", "mrope")
+
+
+def longest_sequence(arch: ModelArch) -> int:
+    """The longest prompt + response a rollout engine accepts for ``arch`` (0: the config does not say), by vLLM's
+    rule: ``max_position_embeddings``, or under a RoPE scaling that extends it (yarn, linear, dynamic)
+    ``original_max_position_embeddings`` (else ``max_position_embeddings``) times its ``factor``."""
+    scaling = arch.config.get("rope_scaling") or arch.config.get("rope_parameters") or {}
+    kind = str(scaling.get("rope_type") or scaling.get("type") or "default") if isinstance(scaling, dict) else ""
+    factor = scaling.get("factor") if isinstance(scaling, dict) else None
+    if kind in _ROPE_SCALINGS_STATED or not isinstance(factor, (int, float)) or factor <= 1:
+        return arch.max_position_embeddings
+    return int((scaling.get("original_max_position_embeddings") or arch.max_position_embeddings) * factor)
 
 
 _REQUIRED_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")

@@ -140,9 +140,18 @@ def explain_hydra_error(error: Exception, overrides: list[str], recipe: str = "g
             return f"{match.group(1)}: no such config"
     if isinstance(error, OverrideParseException):
         return f"command line: cannot parse override: {text.splitlines()[0]}"
-    match = re.search(r"Could not override '([^']+)'", text) or re.search(
-        r"Could not append to config\. An item is already at '([^']+)'", text
-    )
+    match = re.search(r"^(\S+) appears more than once in the final defaults list", text)
+    if match and match.group(1) in pack_groups():  # +parallel=tp2: the group has its option already
+        group = match.group(1)
+        typed = next((override_value(o) for o in overrides if override_key(o) == group), "OPTION")
+        return f"+{group}={typed}: the recipe chooses a {group} option already; write {group}={typed}"
+    match = re.search(r"Could not append to config\. An item is already at '([^']+)'", text)
+    if match and "." in match.group(1):  # +key=value on a key the config has: Hydra (and verl) refuse the '+'
+        key = match.group(1)
+        typed = next((override_value(o) for o in overrides if override_key(o) == key), "VALUE")
+        return (f"+{key}={typed}: the key is already in the config; '+' adds a new key only: write {key}={typed} "
+                f"(or ++{key}={typed}, which sets it either way)")
+    match = match or re.search(r"Could not override '([^']+)'", text)
     if match:
         key = match.group(1)
         if "." not in key and key in pack_groups():

@@ -7,6 +7,8 @@ import os
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from recipes.ray_resources import cpus_needed
+
 _ASSET_FIELDS = {
     # key -> field of recipes.verl_ext.demo.TinyAssets (built on first use, then cached)
     "model": "model_dir",
@@ -76,6 +78,7 @@ RESOLVERS = {
     "pack.nccl_env": _nccl_env,
     "pack.run_dir": _run_dir,
     "pack.asset": _asset,
+    "pack.ray_cpus": lambda ranks: max(16, cpus_needed(int(ranks))),
 }
 
 

@@ -21,6 +21,7 @@ from hybrid_engine.model_spec import (
     ModelArch,
     ModelSpecError,
     load_arch,
+    longest_sequence,
     looks_like_hub_id,
     shipped_models,
     shipped_name_of_folder,
@@ -32,6 +33,7 @@ from recipes.errors import ConfigError
 from recipes.fit import check_memory
 from recipes.layout_keys import Adoption, adopt, find_adoptions
 from recipes.overrides import override_key, override_value
+from recipes.ray_resources import resource_problems
 from recipes.schema import PackConfig, check_schema, depends_on, resolve
 from recipes.verl_ext import api as verl
 from recipes.verl_ext import names as verl_names
@@ -341,6 +343,34 @@ def _check_model(
                             f"{experts} % {layout.ep} = {experts % layout.ep}")
 
 
+def sequence_problems(cfg: DictConfig, arch: ModelArch) -> list[str]:
+    """Prompt + response (or a typed ``rollout.max_model_len``) longer than the model's positions: vLLM and SGLang
+    refuse the engine at start-up, and past its positions the model's RoPE was never trained."""
+    limit = longest_sequence(arch)
+    prompt, response = (_int_or_none(cfg, f"data.max_{part}_length") for part in ("prompt", "response"))
+    if not limit or prompt is None or response is None:
+        return []
+    stated = f"{arch.name}'s longest sequence is {limit:,} tokens ({_positions_source(arch, limit)})"
+    if prompt + response > limit:
+        return [f"data.max_response_length: data.max_prompt_length({prompt}) + data.max_response_length({response}) "
+                f"= {prompt + response:,} tokens; {stated}: shorten them (the rollout engines refuse a longer one)"]
+    typed = _int_or_none(cfg, "actor_rollout_ref.rollout.max_model_len")
+    if typed is not None and typed > limit:
+        return [f"actor_rollout_ref.rollout.max_model_len: {typed:,} tokens; {stated}: at most {limit:,}"]
+    return []
+
+
+def _positions_source(arch: ModelArch, limit: int) -> str:
+    if limit == arch.max_position_embeddings:
+        return "max_position_embeddings in its config.json"
+    return "its config.json's RoPE scaling factor times its original positions"
+
+
+def _int_or_none(cfg: DictConfig, key: str) -> int | None:
+    value = _safe(lambda: OmegaConf.select(cfg, key), None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _admissible(cfg: DictConfig, arch: ModelArch | None, use_critic: bool):
     """Whether validation accepts another layout of this run (its batch splits, the model's heads per rank): for the
     layouts recipes.fit suggests."""
@@ -430,6 +460,10 @@ def check(cfg: DictConfig, *, run_verl: bool = True) -> ValidatedRun:
         if arch is not None and infer is not None:
             strategy, rollout = OmegaConf.select(cfg, "strategy.name"), str(OmegaConf.select(cfg, "rollout.name"))
             _check_model(arch, train, infer, strategy, problems, warnings, rollout)
+    if arch is not None:
+        problems.extend(sequence_problems(cfg, arch))
+    if world is not None:
+        problems.extend(_safe(lambda: resource_problems(cfg, world), []))
     # the resolved values: the pack's schema and the range table; one line per key (the first problem of a key
     # wins; a value computed from a key already reported, ${kl.target}, is not reported again)
     container, unresolved = resolve(cfg)

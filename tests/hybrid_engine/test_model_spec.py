@@ -11,6 +11,7 @@ from hybrid_engine.model_spec import (
     arch_from_config,
     build_spec,
     load_arch,
+    longest_sequence,
     looks_like_hub_id,
     shipped_models,
     shipped_name_of_hub_id,
@@ -365,3 +366,16 @@ def test_missing_field_and_bad_json_name_the_file(tmp_path):
 
 def test_load_arch_says_where_it_read():
     assert load_arch("qwen2_7b").source == str(MODEL_CONFIG_DIR / "qwen2_7b" / "config.json")
+
+
+@pytest.mark.parametrize("rope,positions,expected", [
+    (None, 32768, 32768),  # Qwen2.5: no scaling
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}, 32768, 131072),  # Qwen's YaRN
+    ({"type": "linear", "factor": 2.0}, 4096, 8192),  # no original positions: max_position_embeddings x factor
+    ({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}, 131072, 131072),  # stated
+    ({"rope_type": "default", "rope_theta": 1e6}, 2048, 2048),  # transformers 5's rope_parameters without scaling
+])
+def test_longest_sequence_follows_vllms_rule(rope, positions, expected):
+    config = dict(load_arch("qwen2_5_0_5b").config, max_position_embeddings=positions, rope_scaling=rope)
+    assert longest_sequence(arch_from_config(config, "x")) == expected
+    assert longest_sequence(load_arch("deepseek_v3")) == 4096 * 40  # YaRN, stated both ways in its config

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from omegaconf import OmegaConf
 
 from recipes.launch import run_recipe
 from tests.conftest import ROOT
@@ -97,6 +98,23 @@ BAD = [
     ("grpo", ["data.prompt_key=question"],
      "data.prompt_key: 'question' is not a column of data.train_files "),
     ("kl_ppo", ["data.reward_fn_key=source"], "(its columns: data_source, prompt, ability, reward_model, extra_info)"),
+    # prompt + response against the model's positions (vLLM's rule: RoPE scaling extends them)
+    ("grpo", ["model=qwen2_5_0_5b", "data.max_response_length=32760"],
+     "data.max_response_length: data.max_prompt_length(32) + data.max_response_length(32760) = 32,792 tokens; "
+     "qwen2_5_0_5b's longest sequence is 32,768 tokens (max_position_embeddings in its config.json)"),
+    ("grpo", ["actor_rollout_ref.rollout.max_model_len=4096"],
+     "actor_rollout_ref.rollout.max_model_len: 4,096 tokens; tiny's longest sequence is 2,048 tokens"),
+    # the Ray cluster the run starts: fewer CPUs or GPUs than verl's workers hold waits forever
+    ("grpo", ["ray_kwargs.ray_init.num_cpus=4"],
+     "ray_kwargs.ray_init.num_cpus: 4 CPUs for the Ray cluster this run starts; verl's workers hold 3 per rank x 1 "
+     "rank + 1 (its TaskRunner) + 1 (to place the agent-loop and reward workers) = 5"),
+    ("kl_ppo", ["cluster.gpus_per_node=2", "ray_kwargs.ray_init.num_gpus=1"],
+     "ray_kwargs.ray_init.num_gpus: 1 GPUs for the Ray cluster this run starts"),
+    # '+' on a key or a group the config has already
+    ("grpo", ["+ray_kwargs.ray_init.num_cpus=8"],
+     "+ray_kwargs.ray_init.num_cpus=8: the key is already in the config; '+' adds a new key only: write "
+     "ray_kwargs.ray_init.num_cpus=8"),
+    ("grpo", ["+parallel=tp2"], "+parallel=tp2: the recipe chooses a parallel option already; write parallel=tp2"),
 ]
 
 
@@ -124,6 +142,23 @@ def test_real_process_bad_layout(tmp_path, recipe_cli):
     )
     assert "Traceback" not in proc.stdout + proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_real_process_too_few_ray_cpus_stops_a_training_run_before_ray(tmp_path, recipe_cli):
+    """action=train (the default) with fewer CPUs than verl's workers hold: Ray waited for them forever before."""
+    proc = recipe_cli("grpo", "ray_kwargs.ray_init.num_cpus=4", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "config error: ray_kwargs.ray_init.num_cpus: 4 CPUs for the Ray cluster this run starts")
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_cpu_default_declares_the_cpus_its_ranks_hold(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    run_recipe("grpo", ["cluster.gpus_per_node=8", "action=validate"])
+    (saved,) = (tmp_path / "runs" / "grpo").glob("*/resolved_config.yaml")
+    assert OmegaConf.load(saved).ray_kwargs.ray_init.num_cpus == 3 * 8 + 2
 
 
 def test_real_process_article_layout_validates(tmp_path, recipe_cli):
