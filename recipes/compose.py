@@ -24,6 +24,7 @@ def compose_recipe(recipe: str, overrides: list[str] | None = None) -> DictConfi
     register_resolvers()
     overrides, _ = adopt_verl_primary(list(overrides or []))
     overrides, _ = adopt_engine_switch(overrides, recipe)
+    refuse_mixed_engines(overrides, recipe)
     overrides, _ = adopt_batching(overrides)
     refuse_shared_parts(overrides)
     try:
@@ -94,6 +95,34 @@ def adopt_engine_switch(overrides: list[str], recipe: str) -> tuple[list[str], l
         return rest, [f"note: model_engine={typed} (verl's engine switch) is the recipe's strategy={default}"]
     return [*rest, f"strategy={','.join(picks)}"], [f"note: model_engine={typed} (verl's engine switch) "
                                                      f"chooses strategy={','.join(picks)}"]
+
+
+ROLE_STRATEGY_KEYS = ("actor_rollout_ref.actor.strategy", "actor_rollout_ref.ref.strategy", "critic.strategy")
+
+
+def _engine_of(strategy: str) -> str:
+    """verl's engine of a strategy name (fsdp, fsdp2 and verl's fsdp_turbo are its dp engine)."""
+    return next((e for e, names in ENGINE_STRATEGIES.items() if strategy in names),
+                "dp" if strategy.startswith("fsdp") else strategy)
+
+
+def refuse_mixed_engines(overrides: list[str], recipe: str) -> None:
+    """ConfigError where a typed role strategy (verl's ``actor_rollout_ref.actor.strategy=``...) names another engine
+    than the run's ``strategy=`` (typed, adopted from ``model_engine=``, or the recipe's default): the pack sets every
+    role's engine from ``strategy=``, so the two would train a mixed config. Within one engine (fsdp beside fsdp2)
+    the typed value stands, as in verl."""
+    chosen = [override_value(arg).strip() for arg in overrides if override_key(arg) == "strategy"]
+    strategy = chosen[-1] if chosen else str(recipe_defaults(recipe).get("strategy") or "fsdp2")
+    for arg in overrides:
+        key = override_key(arg)
+        if key not in ROLE_STRATEGY_KEYS or arg.startswith("~") or "," in strategy:
+            continue
+        typed = override_value(arg).strip()
+        if _engine_of(typed) != _engine_of(strategy):
+            source = "strategy=" + strategy if chosen else f"the recipe's strategy={strategy}"
+            raise ConfigError(f"{key}={typed} and {source} disagree: the pack sets the actor's, reference's and "
+                              f"critic's engine from strategy=; type strategy={typed} (or model_engine=) and leave "
+                              f"{key} out")
 
 
 MICRO_BATCH_KEYS = ("micro_batch_size_per_gpu", "micro_batch_size")

@@ -33,6 +33,7 @@ from recipes.compose import (
     adopt_engine_switch,
     adopt_verl_primary,
     explain_hydra_error,
+    refuse_mixed_engines,
     refuse_shared_parts,
 )
 from recipes.confdir import conf_dir, entry_command, group_options, recipe_defaults
@@ -70,6 +71,7 @@ def run_recipe(recipe: str, argv: list[str] | None = None) -> None:
     try:
         argv, notices = adopt_verl_primary(argv)
         argv, engine_notes = adopt_engine_switch(argv, recipe)
+        refuse_mixed_engines(argv, recipe)
         argv, batching_notes = adopt_batching(argv)
     except ConfigError as error:
         exit_with(error)

@@ -20,6 +20,7 @@ from hybrid_engine.plan.render import gib_text
 from hybrid_engine.plan.settings import FSDP_FAMILY, ClusterSpec, PlanSettings
 from hybrid_engine.plan.solve import MAX_SHARE, Candidate, SolveRequest, SolveResult, solve
 from hybrid_engine.plan.step_time import Workload
+from recipes.compose import ROLE_STRATEGY_KEYS
 from recipes.confdir import entry_command
 from recipes.defaults import chooses_layout
 from recipes.layout_keys import LAYOUT_FED_KEYS
@@ -74,7 +75,9 @@ def request_from_run(run, typed: list[str], settings: PlanSettings, cluster: Clu
     cfg: DictConfig = run.cfg
     sel = lambda key, default=None: OmegaConf.select(cfg, key, default=default)  # noqa: E731
     chosen = str(sel("strategy.name"))
-    typed_strategy = any(override_key(arg) in ("strategy", "model_engine") for arg in typed)
+    # a typed role strategy (verl's actor_rollout_ref.actor.strategy=...) chooses the engine as strategy= does: the
+    # commands keep it, so they search that strategy only (recipes.compose.refuse_mixed_engines)
+    typed_strategy = any(override_key(arg) in ("strategy", "model_engine", *ROLE_STRATEGY_KEYS) for arg in typed)
     fsdp = chosen if chosen in FSDP_FAMILY else "fsdp2"
     return SolveRequest(
         arch=run.arch,

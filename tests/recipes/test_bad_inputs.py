@@ -51,6 +51,11 @@ BAD = [
     # verl's engine switch: adopted as the pack's strategy, refused where the two disagree or the pack has none
     ("grpo", ["parallel=tp2", "model_engine=megatron", "strategy=fsdp2"],
      "model_engine=megatron and strategy=fsdp2 disagree: verl's megatron engine is strategy=megatron"),
+    ("kl_ppo", ["strategy=megatron", "parallel=tp8", "actor_rollout_ref.actor.strategy=fsdp2"],
+     "actor_rollout_ref.actor.strategy=fsdp2 and strategy=megatron disagree: the pack sets the actor's, reference's "
+     "and critic's engine from strategy=; type strategy=fsdp2"),
+    ("grpo", ["parallel=tp8", "actor_rollout_ref.ref.strategy=megatron"],
+     "actor_rollout_ref.ref.strategy=megatron and the recipe's strategy=fsdp2 disagree"),
     ("grpo", ["parallel=tp2", "model_engine=torchtitan"],
      "model_engine=torchtitan: the pack trains with verl's engines dp, megatron, veomni "
      "(strategy=fsdp|fsdp2|megatron|veomni)"),

@@ -81,6 +81,18 @@ def test_the_search_replaces_typed_layout_keys_and_keeps_the_rest():
         assert f"offload={row['offload']}" in words and row["strategy"] == "fsdp2"
 
 
+def test_a_typed_role_strategy_pins_the_search_and_every_command_agrees_with_it():
+    """verl's actor_rollout_ref.actor.strategy=fsdp2 typed: no command may add strategy=megatron beside it."""
+    typed = ["model=qwen2_5_7b", "cluster=h100_80g", "actor_rollout_ref.actor.strategy=fsdp2", "action=plan",
+             "plan.solve=true"]
+    _, (result, rows) = _solve("kl_ppo", typed)
+    assert result.request.strategies == ("fsdp2",) and rows
+    for row in rows:
+        words = shlex.split(row["command"])
+        assert "actor_rollout_ref.actor.strategy=fsdp2" in words and "strategy=fsdp2" in words
+        validate(compose_recipe("kl_ppo", [*words[3:], "action=validate"]))
+
+
 # -- the real command line ----------------------------------------------------------------------------------------
 
 
