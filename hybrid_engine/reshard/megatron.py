@@ -150,6 +150,16 @@ def megatron_feeder_groups(world: int, tp: int, pp: int) -> HybridGroups:
     return hybrid_groups(train, InferLayout(tp=1).resolve(world), fsdp=False, placement="auto")
 
 
+def _check_place(groups: HybridGroups, rank: int, where: MegatronRank) -> None:
+    """ValueError unless ``rank`` sits at ``where`` in megatron-core's default rank order."""
+    _, stage, tp_rank, _ = groups.train_coords(rank)
+    if (stage, tp_rank) != (where.stage, where.tp_rank):
+        raise ValueError(
+            f"rank {rank} is (stage {where.stage}, TP rank {where.tp_rank}); megatron-core's default order "
+            f"tp-cp-ep-dp-pp puts it at (stage {stage}, TP rank {tp_rank})"
+        )
+
+
 def megatron_stream_to_feeders(
     state_dict: Mapping[str, torch.Tensor],
     spec: ModelSpec,
@@ -165,12 +175,7 @@ def megatron_stream_to_feeders(
     docstring); the rank-order check is this rank's own: a caller with tp*pp > 1 should agree on the outcome."""
     world, rank = dist.get_world_size(), dist.get_rank()
     groups = megatron_feeder_groups(world, where.tp, where.pp)
-    _, stage, tp_rank, _ = groups.train_coords(rank)
-    if (stage, tp_rank) != (where.stage, where.tp_rank):
-        raise ValueError(
-            f"rank {rank} is (stage {where.stage}, TP rank {where.tp_rank}); megatron-core's default order "
-            f"tp-cp-ep-dp-pp puts it at (stage {stage}, TP rank {tp_rank})"
-        )
+    _check_place(groups, rank, where)
     shards = megatron_shards_from_state_dict(
         state_dict, spec, where.tp, where.tp_rank, where.pp, where.stage, rank=rank
     )
@@ -191,32 +196,38 @@ def _first_holder_boxes(spec: ModelSpec, groups: HybridGroups, rank: int) -> dic
     return out
 
 
-def _row_split_aligned(box: Box, shape: tuple[int, ...], element_size: int) -> bool:
-    """Whether the checksum's 32-bit words of ``box`` are words of the full tensor (a split inside rows)."""
-    if all(lo == 0 and hi == size for (lo, hi), size in zip(box[1:], shape[1:], strict=True)):
-        return True
-    return all((lo * element_size) % 4 == 0 and (hi * element_size) % 4 == 0 for lo, hi in box[1:])
+@lru_cache(maxsize=16)
+def _misaligned_split(spec: ModelSpec, groups: HybridGroups, element_size: int) -> str | None:
+    """A box of any rank that splits rows off the checksum's 32-bit words (``checksum._words``: a row of 2-byte
+    values is read two values a word), or None. Decided over all ranks, so every rank decides alike."""
+    scheme = Scheme("gather_to_feeders", spec, groups, feeders=(0,))
+    for tensor in unique_tensors(spec):
+        for rank in range(groups.world_size):
+            for box in scheme.shard_boxes(rank, tensor.name):
+                if all(lo == 0 and hi == size for (lo, hi), size in zip(box[1:], tensor.shape[1:], strict=True)):
+                    continue
+                if any((lo * element_size) % 4 or (hi * element_size) % 4 for lo, hi in box[1:]):
+                    return f"{tensor.name}: the TP slice {box} of rank {rank} splits the checksum's 32-bit words"
+    return None
 
 
 def megatron_checksums(
     shards: LocalShards, spec: ModelSpec, groups: HybridGroups
 ) -> tuple[list[str], torch.Tensor]:
     """(HF names, ``[n, 3]`` checksums) of the boxes this rank is the first holder of: summed over all ranks (one
-    all-reduce, then ``checksum.wrap``) they are the full tensors' checksums (``checksum.tensor_checksum``)."""
-    names = [tensor.name for tensor in unique_tensors(spec)]
-    shapes = spec.shapes()
+    all-reduce, then ``checksum.wrap``) they are the full tensors' checksums (``checksum.tensor_checksum``).
+    NotImplementedError, alike on every rank, where a TP slice splits the checksum's words."""
+    problem = _misaligned_split(spec, groups, shards.dtype.itemsize)
+    if problem:
+        raise NotImplementedError(problem)
     counted = _first_holder_boxes(spec, groups, shards.rank)
-    device = shards.device
+    names = [tensor.name for tensor in unique_tensors(spec)]
     rows = []
     for name in names:
-        row = torch.zeros(3, dtype=torch.int64, device=device)
+        row = torch.zeros(3, dtype=torch.int64, device=shards.device)
         for segment in shards.segments.get(name, ()):
-            if segment.box not in counted[name]:
-                continue
-            view = shards.view(name, segment)
-            if not _row_split_aligned(segment.box, shapes[name], view.element_size()):
-                raise NotImplementedError(f"{name}: a TP slice of {segment.box} splits the checksum's 32-bit words")
-            row += tensor_checksum(view, row_offset=segment.box[0][0])
+            if segment.box in counted[name]:
+                row += tensor_checksum(shards.view(name, segment), row_offset=segment.box[0][0])
         rows.append(row)
     return names, wrap(torch.stack(rows)) if rows else torch.zeros(0, 3, dtype=torch.int64)
 
@@ -230,15 +241,24 @@ class MegatronShardedWeights(ShardedWeights):
         self.where = where
 
     def shards(self, spec: ModelSpec) -> LocalShards:
+        """The parameters as this rank's training shards (raises as ``megatron_stream_to_feeders`` would)."""
+        world, rank = _world_and_rank()
+        _check_place(megatron_feeder_groups(world, self.where.tp, self.where.pp), rank, self.where)
         where = self.where
-        rank = dist.get_rank() if dist.is_initialized() else 0
-        return megatron_shards_from_state_dict(
+        shards = megatron_shards_from_state_dict(
             self.state_dict, spec, where.tp, where.tp_rank, where.pp, where.stage, rank=rank
         )
+        shards.dtype  # noqa: B018  (raises ValueError where the parameters mix dtypes)
+        return shards
 
     def groups(self) -> HybridGroups:
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        return megatron_feeder_groups(world, self.where.tp, self.where.pp)
+        return megatron_feeder_groups(_world_and_rank()[0], self.where.tp, self.where.pp)
+
+
+def _world_and_rank() -> tuple[int, int]:
+    if not dist.is_initialized():
+        return 1, 0
+    return dist.get_world_size(), dist.get_rank()
 
 
 def megatron_rollout_weight_stream(
