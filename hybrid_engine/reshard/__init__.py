@@ -10,6 +10,8 @@
 - ``executor``: ``Resharder`` runs it with all-gathers / all-to-alls and streams ``(hf_name, tensor)``;
   ``stream_to_feeders`` / ``rollout_weight_stream`` are the weight hand-off for a rollout fed by one rank per
   replica (verl's colocated CPU ``hf`` rollout).
+- ``megatron``: a Megatron-core GPTModel's own parameters wrapped as training shards (no copy), and their stream to
+  the feeders (verl's Megatron engine).
 - ``stats``: bytes, times and memory as measured, and the planner's numbers beside them.
 - ``simulation``: ``simulate`` runs a scheme for every rank in one process, the collectives replaced by copies.
 - ``mode_switch``: ``ModeSwitch.generation(...)``, the training <-> generation context manager (RNG states, weights).
@@ -25,6 +27,13 @@ from hybrid_engine.reshard.executor import (
     feeder_ranks,
     rollout_weight_stream,
     stream_to_feeders,
+)
+from hybrid_engine.reshard.megatron import (
+    MegatronRank,
+    MegatronShardedWeights,
+    megatron_rollout_weight_stream,
+    megatron_shards_from_state_dict,
+    megatron_stream_to_feeders,
 )
 from hybrid_engine.reshard.mode_switch import GenerationContext, ModeSwitch, RngState
 from hybrid_engine.reshard.shards import (
@@ -44,6 +53,8 @@ __all__ = [
     "SCHEME_NAMES",
     "GenerationContext",
     "LocalShards",
+    "MegatronRank",
+    "MegatronShardedWeights",
     "ModeSwitch",
     "PlannedBytes",
     "ReshardStats",
@@ -55,7 +66,10 @@ __all__ = [
     "feeder_ranks",
     "fsdp_shards_from_state_dict",
     "make_buckets",
+    "megatron_rollout_weight_stream",
     "megatron_shards",
+    "megatron_shards_from_state_dict",
+    "megatron_stream_to_feeders",
     "planned_bytes",
     "rollout_weight_stream",
     "simulate",

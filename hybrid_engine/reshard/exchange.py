@@ -24,8 +24,10 @@ Schemes (names as in the planner):
 - ``full_gather``: "all-gather over all ranks", from FSDP ``Shard(0)`` shards; target: the full model.
 - ``fsdp_to_tp``: from FSDP shards, "column all-gather (N/t_g ranks)" for tensors split on dim 0 (chain: the N/t_g
   consecutive ranks of a generation TP rank, then the world), then "row/replicated all-to-all" for the rest.
-- ``gather_to_feeders``: from FSDP shards, only the listed feeder ranks target the full model (a rollout server's
-  feeder); the others receive nothing. Not a planner scheme: a feeder receives full_gather's bytes, the rest 0.
+- ``gather_to_feeders``: only the listed feeder ranks target the full model (a rollout server's feeder); the others
+  receive nothing. From FSDP shards (FSDP groups) or Megatron-style shards (tp/pp/dp groups: a feeder takes what
+  its own shard lacks from the first rank holding it). Not a planner scheme: from FSDP shards a feeder receives
+  full_gather's bytes, the rest 0.
 """
 
 from __future__ import annotations
@@ -180,6 +182,10 @@ class Scheme:
     # -- sources -------------------------------------------------------------------------------------------------------
     @property
     def source_kind(self) -> str:
+        """``megatron`` (tp/pp slices, fused qkv and gate_up) or ``fsdp`` (Shard(0)); ``gather_to_feeders`` takes
+        either, as its groups say."""
+        if self.name == "gather_to_feeders":
+            return "fsdp" if self.groups.fsdp else "megatron"
         return "megatron" if self.name in ("hybridflow", "tp_group_gather") else "fsdp"
 
     @cached_property

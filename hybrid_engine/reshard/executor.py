@@ -40,7 +40,10 @@ __all__ = [
     "Resharder",
     "ShardedWeights",
     "feeder_ranks",
+    "feeder_resharder",
+    "feeder_stream",
     "rollout_weight_stream",
+    "spec_of",
     "stream_to_feeders",
 ]
 
@@ -48,7 +51,7 @@ DEFAULT_BUCKET_BYTES = 64 << 20
 """Full bytes of the tensors one bucket moves (a larger tensor is a bucket of its own)."""
 
 _PROCESS_GROUPS: dict[tuple[int, ...], object] = {}
-_FEEDER_RESHARDERS: dict[tuple, Resharder] = {}  # see _feeder_resharder
+_FEEDER_RESHARDERS: dict[tuple, Resharder] = {}  # see feeder_resharder
 _SPECS: dict[str, ModelSpec] = {}  # HF config (as JSON) -> its spec
 
 
@@ -427,33 +430,39 @@ def stream_to_feeders(
     shards = fsdp_shards_from_state_dict(state_dict, spec)
     if any(tensor.device_mesh.size() != world for tensor in state_dict.values()):  # all DTensors after the check
         raise ValueError(f"the FSDP mesh does not span the {world} ranks of the default process group")
-    resharder = _feeder_resharder(spec, world, tuple(feeders), bucket_bytes)
-
-    def stream() -> Iterator[tuple[str, torch.Tensor]]:
-        yield from resharder.stream(shards)
-        if stats_out is not None:
-            stats = resharder.stats
-            stats.planned = resharder.planned(torch.empty((), dtype=shards.dtype).element_size())
-            stats_out.append(stats)
-
-    return stream()
+    groups = hybrid_groups(TrainLayout(dp=world), InferLayout(tp=1).resolve(world), fsdp=True)
+    resharder = feeder_resharder(spec, groups, tuple(feeders), bucket_bytes)
+    return feeder_stream(resharder, shards, stats_out)
 
 
-def _feeder_resharder(spec: ModelSpec, world: int, feeders: tuple[int, ...], bucket_bytes: int | None) -> Resharder:
-    """One ``gather_to_feeders`` resharder per (model, world, rank, feeders, bucket), kept between weight syncs: its
-    buckets, exchange plans and copy programs are worked out on the first sync only."""
-    key = (spec, world, dist.get_rank(), feeders, bucket_bytes)
+def feeder_stream(
+    resharder: Resharder, shards: LocalShards, stats_out: list | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``resharder.stream(shards)``, then the ReshardStats (with the planner's bytes) appended to ``stats_out``."""
+    yield from resharder.stream(shards)
+    if stats_out is not None:
+        stats = resharder.stats
+        stats.planned = resharder.planned(torch.empty((), dtype=shards.dtype).element_size())
+        stats_out.append(stats)
+
+
+def feeder_resharder(
+    spec: ModelSpec, groups: HybridGroups, feeders: tuple[int, ...], bucket_bytes: int | None
+) -> Resharder:
+    """One ``gather_to_feeders`` resharder per (model, training groups, rank, feeders, bucket), kept between weight
+    syncs: its buckets, exchange plans and copy programs are worked out on the first sync only. ``groups``: FSDP
+    groups (``fsdp=True``) for FSDP2 shards, Megatron groups (tp/pp/dp) for Megatron-style shards."""
+    key = (spec, groups, dist.get_rank(), feeders, bucket_bytes)
     resharder = _FEEDER_RESHARDERS.get(key)
     if resharder is None:
         if len(_FEEDER_RESHARDERS) >= 4:
             _FEEDER_RESHARDERS.pop(next(iter(_FEEDER_RESHARDERS)))
-        groups = hybrid_groups(TrainLayout(dp=world), InferLayout(tp=1).resolve(world), fsdp=True)
         resharder = Resharder(spec, groups, "gather_to_feeders", feeders=feeders, bucket_bytes=bucket_bytes)
         _FEEDER_RESHARDERS[key] = resharder
     return resharder
 
 
-def _spec_of(hf_config: Mapping) -> ModelSpec:
+def spec_of(hf_config: Mapping) -> ModelSpec:
     """The model spec of an HF config dict, built once per distinct config."""
     key = json.dumps(dict(hf_config), sort_keys=True, default=str)
     if key not in _SPECS:
@@ -485,7 +494,7 @@ def rollout_weight_stream(
     if spec is None:
         if hf_config is None:
             raise ValueError("rollout_weight_stream needs hf_config or spec")
-        spec = _spec_of(hf_config)
+        spec = spec_of(hf_config)
     feeders = feeder_ranks(dist.get_world_size(), rollout_world_size)
     return stream_to_feeders(state_dict, spec, feeders, bucket_bytes=bucket_bytes, stats_out=stats_out)
 

@@ -41,6 +41,7 @@ __all__ = [
     "fsdp_shards",
     "fsdp_shards_from_state_dict",
     "full_box",
+    "layout_segments",
     "megatron_layout",
     "megatron_shards",
     "narrow_box",
@@ -301,17 +302,23 @@ def megatron_layout(spec: ModelSpec, stage: int, pp: int, t: int, t_i: int) -> d
     return out
 
 
-def _build(kind: str, rank: int, layout: dict[str, list[tuple[str, Box]]], shapes, source: Source) -> LocalShards:
-    storage: dict[str, torch.Tensor] = {}
+def layout_segments(layout: dict[str, list[tuple[str, Box]]]) -> dict[str, list[Segment]]:
+    """HF name -> its segments, for storage tensors that stack each layout entry's boxes row after row."""
     segments: dict[str, list[Segment]] = {}
     for key, parts in layout.items():
-        pieces, offset = [], 0
+        offset = 0
         for name, box in parts:
-            pieces.append(source(name, shapes[name], box))
             segments.setdefault(name, []).append(Segment(box=box, key=key, offset=offset))
             offset += box[0][1] - box[0][0]
+    return segments
+
+
+def _build(kind: str, rank: int, layout: dict[str, list[tuple[str, Box]]], shapes, source: Source) -> LocalShards:
+    storage: dict[str, torch.Tensor] = {}
+    for key, parts in layout.items():
+        pieces = [source(name, shapes[name], box) for name, box in parts]
         storage[key] = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=0)
-    return LocalShards(kind=kind, rank=rank, storage=storage, segments=segments)
+    return LocalShards(kind=kind, rank=rank, storage=storage, segments=layout_segments(layout))
 
 
 def megatron_shards(spec: ModelSpec, groups: HybridGroups, rank: int, source: Source) -> LocalShards:

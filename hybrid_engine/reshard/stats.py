@@ -182,9 +182,12 @@ def planned_bytes(
     feeders: tuple[int, ...] | None = None,
 ) -> PlannedBytes:
     """What ``hybrid_engine.plan.bytes`` says ``rank`` receives under ``scheme``. ``gather_to_feeders`` (not a planner
-    scheme) is full_gather's count on the feeder ranks and 0 elsewhere."""
+    scheme) is, on the feeder ranks, full_gather's count from FSDP shards and tp_group_gather's from Megatron-style
+    shards (both: the full model minus the rank's own shard), and 0 elsewhere."""
     cluster = ClusterSpec(nnodes=1, gpus_per_node=groups.world_size)
-    planner_scheme = "full_gather" if scheme == "gather_to_feeders" else scheme
+    planner_scheme = scheme
+    if scheme == "gather_to_feeders":
+        planner_scheme = "full_gather" if groups.fsdp else "tp_group_gather"
     planned = compute_bytes(spec, groups, cluster, dtype_size, [planner_scheme])[planner_scheme]
     received_all = [int(x) for x in planned.received]
     by_tensor = received_by_tensor(spec, groups, rank, planner_scheme, dtype_size)

@@ -441,7 +441,7 @@ class HFRolloutAdapter(BaseRollout):
         self.sync_weights = weight_sync_enabled()
         self._server = None
         self.device_uuid = worker_device_uuid()  # the server generates on this GPU (None: no CUDA here)
-        enable_sharded_export()  # this process's actor engine now exports its FSDP2 state dict beside verl's stream
+        enable_sharded_export()  # the actor engine now exports its FSDP2 state dict / Megatron parameters too
         if not self.sync_weights and rank == 0:
             logger.warning("%s=0: the hf rollout keeps its initial weights (weight sync is off)", SYNC_WEIGHTS_ENV)
 

@@ -34,6 +34,9 @@ and the FSDP engine's own reference)        every token (``logprobs_from_logits_
                                             FSDP2 state dict (``weight_sync.export_sharded``), so the rollout's
                                             weight sync runs through ``hybrid_engine.reshard``; elsewhere, and for
                                             LoRA/QAT/FSDP1, verl's generator is returned as it is.
+``MegatronEngine.get_per_tensor_param``     the same for strategy=megatron (``weight_sync.export_megatron_sharded``):
+                                            the GPTModel's own parameters beside mbridge's generator; verl's for
+                                            LoRA/QAT/virtual pipeline/context or expert parallelism.
 ``McoreEngineConfig.__post_init__``,        only where TransformerEngine cannot be imported (``apply_no_te_patches``;
 mbridge's ``get_gpt_decoder_block_spec``    pinned to :data:`SUPPORTED_MEGATRON`): mbridge hard-codes the TE layer
 and ``_weight_name_mapping_mcore_to_hf``,   spec (``use_transformer_engine=True``) and Megatron-Bridge, verl's default,
@@ -297,6 +300,25 @@ def _sharded_weight_export(transformer_impl) -> None:
     _wrap_once(transformer_impl.FSDPEngine, "get_per_tensor_param", "_hybrid_engine_sharded", wrap)
 
 
+def _megatron_sharded_weight_export(transformer_impl) -> None:
+    require_supported_verl()
+
+    def wrap(original):
+        @functools.wraps(original)
+        def get_per_tensor_param(self, *args, **kwargs):
+            # lazy: verl imports this module in every process; only one whose Megatron engine exports weights needs it
+            from recipes.verl_ext.plugin.weight_sync import export_megatron_sharded
+
+            per_tensor_param, peft_config = original(self, *args, **kwargs)  # also loads offloaded weights
+            if peft_config is not None:
+                return per_tensor_param, peft_config
+            return export_megatron_sharded(self, per_tensor_param), peft_config
+
+        return get_per_tensor_param
+
+    _wrap_once(transformer_impl.MegatronEngine, "get_per_tensor_param", "_hybrid_engine_sharded", wrap)
+
+
 def _redacted_config_print(module) -> None:
     """verl's task runners print the whole resolved config (``pprint`` in main_ppo / main_ppo_v0), which lands in the
     terminal, the run's verl.log and Ray's worker logs: print it with the pack's redaction policy applied."""
@@ -346,6 +368,7 @@ def apply_rollout_patches() -> None:
     require_supported_verl()
     when_imported("verl.workers.rollout.base", _register_hf_adapter)
     when_imported("verl.workers.engine.fsdp.transformer_impl", _sharded_weight_export)
+    when_imported("verl.workers.engine.megatron.transformer_impl", _megatron_sharded_weight_export)
 
 
 def flash_attn_installed() -> bool:

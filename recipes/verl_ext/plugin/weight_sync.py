@@ -8,6 +8,10 @@ rank receives the whole model, although only the first rank of each rollout repl
   that hosts the ``hf`` rollout) returns :class:`~hybrid_engine.reshard.ShardedWeights`: verl's generator, untouched
   and not started, with the FSDP2 state dict (DTensor references, nothing copied) beside it. Anything that iterates
   it gets verl's own stream.
+- :func:`export_megatron_sharded` (on ``MegatronEngine.get_per_tensor_param``, the same way) returns
+  :class:`~hybrid_engine.reshard.megatron.MegatronShardedWeights`: verl's mbridge ``export_weights`` generator, not
+  started, with the GPTModel's own parameters (Megatron names, fused ``linear_qkv`` / ``linear_fc1``, nothing
+  copied) and the rank's (tp, pp) place beside it; the stream de-interleaves q/k/v and splits gate/up on the feeders.
 - :func:`open_weight_stream` (called by the hf rollout adapter on every rank) streams it through
   :func:`~hybrid_engine.reshard.rollout_weight_stream`: each rank sends its rows to the feeders, so a feeder receives
   the model minus its own rows and every other rank receives nothing. Where the executor cannot take the state dict
@@ -60,7 +64,7 @@ _FALLBACK_LOGGED: set[str] = set()
 
 
 def enable_sharded_export() -> None:
-    """Called by the hf rollout adapter: from now on this process's FSDP engines export :class:`ShardedWeights`."""
+    """Called by the hf rollout adapter: from now on this process's FSDP and Megatron engines export sharded weights."""
     global _SHARDED_EXPORT
     _SHARDED_EXPORT = True
 
@@ -97,16 +101,97 @@ def export_sharded(engine, per_tensor_param):
     return ShardedWeights(state_dict, fallback=per_tensor_param, hf_config=engine.model_config.hf_config.to_dict())
 
 
+def export_megatron_sharded(engine, per_tensor_param):
+    """Wrap the Megatron engine's ``per_tensor_param`` (mbridge's ``export_weights``) with the GPTModel's own
+    parameters (Megatron names, nothing copied) and this rank's (tp, pp) place, or return it as it is.
+
+    Wrapped only for one model chunk (no virtual pipeline), no LoRA, no QAT, no parameter offload to the host, no
+    context or expert parallelism; the parameters must be the Megatron layout of the model spec
+    (``hybrid_engine.reshard.megatron``). With tp*pp > 1 the ranks agree (one all-reduce) before any is wrapped."""
+    if not _SHARDED_EXPORT:
+        return per_tensor_param
+    # lazy: megatron-core, present only where verl's Megatron engine runs; only its weight export needs it
+    from megatron.core import parallel_state as mpu
+
+    # lazy: ~50 ms; train.py imports this module for read_sync_log, only a Megatron weight export needs the resharder
+    from hybrid_engine.reshard.megatron import MegatronRank, MegatronShardedWeights
+
+    reason = _megatron_refusal(engine, mpu)
+    weights = None
+    if reason is None:
+        where = MegatronRank(
+            tp=mpu.get_tensor_model_parallel_world_size(),
+            tp_rank=mpu.get_tensor_model_parallel_rank(),
+            pp=mpu.get_pipeline_model_parallel_world_size(),
+            stage=mpu.get_pipeline_model_parallel_rank(),
+        )
+        state_dict = dict(_unwrap_gpt_model(engine.module[0]).named_parameters())
+        hf_config = engine.model_config.hf_config.to_dict()
+        weights = MegatronShardedWeights(state_dict, per_tensor_param, hf_config, where)
+        reason = _layout_refusal(weights)
+        if where.tp * where.pp > 1 and not _all_ranks_agree(reason is None, _device_of(engine.module[0])):
+            reason = reason or "another rank's parameters are not the resharder's Megatron layout"
+    if reason is not None:
+        _log_fallback_once(reason)
+        return per_tensor_param
+    return weights
+
+
+def _megatron_refusal(engine, mpu) -> str | None:
+    """Why the Megatron engine's export stays verl's (decided from the config: alike on every rank), or None."""
+    if len(engine.module) != 1:
+        return f"virtual pipeline ({len(engine.module)} model chunks)"
+    if getattr(engine, "peft_cls", None) is not None:
+        return "LoRA"
+    if getattr(engine, "_qat_enabled", False):
+        return "QAT"
+    if getattr(engine, "_is_offload_param", False) and torch.device(_device_of(engine.module[0])).type != "cpu":
+        return "parameter offload"
+    if mpu.get_context_parallel_world_size() > 1:
+        return "context parallelism"
+    if mpu.get_expert_model_parallel_world_size() > 1 or mpu.get_expert_tensor_parallel_world_size() > 1:
+        return "expert parallelism"
+    return None
+
+
+def _unwrap_gpt_model(module):
+    """The GPTModel inside verl's wrappers (megatron-core's DistributedDataParallel, Float16Module: ``.module``)."""
+    while hasattr(module, "module"):
+        module = module.module
+    return module
+
+
+def _layout_refusal(weights) -> str | None:
+    """Why the resharder cannot take these parameters (this rank's view), or None."""
+    # lazy: as export_megatron_sharded
+    from hybrid_engine.reshard.executor import spec_of
+
+    try:
+        weights.shards(spec_of(weights.hf_config))
+    except (KeyError, NotImplementedError, TypeError, ValueError) as error:
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def _all_ranks_agree(ok: bool, device: str) -> bool:
+    """True when ``ok`` on every rank (one all-reduce over the default group, on the parameters' device)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return ok
+    flag = torch.tensor([int(ok)], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
 def _device_of(module) -> str:
     for parameter in module.parameters():
         return str(parameter.device)
     return "cpu"
 
 
-def _log_fallback_once(reason: str) -> None:
+def _log_fallback_once(reason: str, consequence: str = "verl's own export is used (every rank receives the model)"):
     if reason not in _FALLBACK_LOGGED:
         _FALLBACK_LOGGED.add(reason)
-        logger.warning("weight sync: %s; verl's full_tensor() path is used (every rank receives the model)", reason)
+        logger.warning("weight sync: %s; %s", reason, consequence)
 
 
 @dataclass
@@ -130,6 +215,19 @@ class SyncRecord:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
+
+
+def _megatron_bytes(weights) -> tuple[int, int]:
+    """(model bytes, bytes verl's mbridge export receives on this rank: the model minus this rank's own shard)."""
+    # lazy: as export_megatron_sharded
+    from hybrid_engine.reshard.executor import spec_of
+    from hybrid_engine.reshard.shards import box_numel  # lazy: as the line above
+
+    spec = spec_of(weights.hf_config)
+    shards = weights.shards(spec)
+    size = shards.dtype.itemsize
+    own = sum(box_numel(segment.box) for segments in shards.segments.values() for segment in segments)
+    return spec.numel * size, (spec.numel - own) * size
 
 
 def _dtensor_bytes(state_dict) -> tuple[int, int]:
@@ -192,6 +290,7 @@ def open_weight_stream(
     per round (verl's ``rollout.update_weights_bucket_megabytes``); None: the resharder's default."""
     # lazy: ~50 ms; train.py imports this module for read_sync_log, only a weight sync needs the resharder
     from hybrid_engine.reshard import ShardedWeights, rollout_weight_stream
+    from hybrid_engine.reshard.megatron import MegatronShardedWeights, megatron_rollout_weight_stream  # lazy: as above
 
     record = SyncRecord(
         global_steps=global_steps,
@@ -204,16 +303,17 @@ def open_weight_stream(
     started = time.perf_counter()
     if not isinstance(weights, ShardedWeights):
         return WeightSync(iter(weights), record, started)
-    record.model_bytes, record.full_tensor_bytes = _dtensor_bytes(weights.state_dict)
     stats_out: list = []
+    options = {"rollout_world_size": rollout_world_size, "stats_out": stats_out}
+    if bucket_bytes is not None:
+        options["bucket_bytes"] = bucket_bytes
     try:
-        stream = rollout_weight_stream(
-            weights.state_dict,
-            rollout_world_size=rollout_world_size,
-            hf_config=weights.hf_config,
-            stats_out=stats_out,
-            **({} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}),
-        )
+        if isinstance(weights, MegatronShardedWeights):
+            record.model_bytes, record.full_tensor_bytes = _megatron_bytes(weights)
+            stream = megatron_rollout_weight_stream(weights, **options)
+        else:
+            record.model_bytes, record.full_tensor_bytes = _dtensor_bytes(weights.state_dict)
+            stream = rollout_weight_stream(weights.state_dict, hf_config=weights.hf_config, **options)
     except (KeyError, NotImplementedError, TypeError, ValueError) as error:
         record.fallback_reason = f"{type(error).__name__}: {error}"
         _log_fallback_once(record.fallback_reason)
@@ -229,14 +329,26 @@ class SyncCheckFailed(RuntimeError):
 
 def training_checksums(weights) -> dict[str, tuple[int, int, int]] | None:
     """Every rank: the checksums of the actor's weights (hybrid_engine.reshard.checksum), each rank's FSDP2 rows
-    summed by one all-reduce, on device; None for verl's own stream (no state dict beside it)."""
+    (or, for Megatron weights, the boxes of its shard no lower rank holds) summed by one all-reduce, on device; None
+    for verl's own stream (no state dict beside it) and where a TP slice splits the checksum's words (alike on
+    every rank)."""
     # lazy: ~50 ms; train.py imports this module for read_sync_log, only a weight sync needs the resharder
     from hybrid_engine.reshard import ShardedWeights
     from hybrid_engine.reshard.checksum import checksums, wrap  # lazy: as the line above
+    from hybrid_engine.reshard.executor import spec_of  # lazy: as the line above
+    from hybrid_engine.reshard.megatron import MegatronShardedWeights, megatron_checksums  # lazy: as the line above
 
     if not isinstance(weights, ShardedWeights):
         return None
-    names, sums = checksums(weights.state_dict)
+    if isinstance(weights, MegatronShardedWeights):
+        spec = spec_of(weights.hf_config)
+        try:
+            names, sums = megatron_checksums(weights.shards(spec), spec, weights.groups())
+        except NotImplementedError as error:
+            _log_fallback_once(str(error), "the sync is not checked (no training-side checksum)")
+            return None
+    else:
+        names, sums = checksums(weights.state_dict)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(sums)  # integer sums, alike in any order: exact
         wrap(sums)
