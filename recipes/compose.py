@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from recipes.confdir import conf_dir, group_options, pack_groups, recipe_defaults
 from recipes.errors import ConfigError
+from recipes.layout_keys import ROLE_STRATEGY_KEYS
 from recipes.overrides import override_key, override_value
 from recipes.resolvers import register_resolvers
 
@@ -95,9 +96,6 @@ def adopt_engine_switch(overrides: list[str], recipe: str) -> tuple[list[str], l
         return rest, [f"note: model_engine={typed} (verl's engine switch) is the recipe's strategy={default}"]
     return [*rest, f"strategy={','.join(picks)}"], [f"note: model_engine={typed} (verl's engine switch) "
                                                      f"chooses strategy={','.join(picks)}"]
-
-
-ROLE_STRATEGY_KEYS = ("actor_rollout_ref.actor.strategy", "actor_rollout_ref.ref.strategy", "critic.strategy")
 
 
 def _engine_of(strategy: str) -> str:

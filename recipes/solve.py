@@ -20,10 +20,9 @@ from hybrid_engine.plan.render import gib_text
 from hybrid_engine.plan.settings import FSDP_FAMILY, ClusterSpec, PlanSettings
 from hybrid_engine.plan.solve import MAX_SHARE, Candidate, SolveRequest, SolveResult, solve
 from hybrid_engine.plan.step_time import Workload
-from recipes.compose import ROLE_STRATEGY_KEYS
 from recipes.confdir import entry_command
 from recipes.defaults import chooses_layout
-from recipes.layout_keys import LAYOUT_FED_KEYS
+from recipes.layout_keys import LAYOUT_FED_KEYS, ROLE_STRATEGY_KEYS
 from recipes.overrides import override_key
 
 __all__ = ["command_overrides", "request_from_run", "run_solve", "solve_run"]
