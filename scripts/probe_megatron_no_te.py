@@ -1,7 +1,7 @@
 """Probe: verl's Megatron path without TransformerEngine, on the CPU.
 
 Builds a tiny Qwen2-shaped HF model with random weights (no hub), loads it through mbridge (verl's
-``vanilla_mbridge`` path) with the pack's no-TE patch (``recipes.verl_ext.plugin.patches.apply_no_te_patches``),
+``vanilla_mbridge`` path) with the pack's no-TE patch (``recipes.verl_ext.plugin.megatron_no_te.apply_no_te_patches``),
 compares the logits with HF's, and exports the weights back to HF names.
 
     pip install --no-deps --target /tmp/megatron_site megatron-core==0.16.1 mbridge==0.15.1 einops
@@ -109,9 +109,9 @@ def compare(hf_model, bridge, model, seq_len: int = 16, batch: int = 2) -> dict:
 def run_probe() -> dict:
     import importlib.metadata
 
-    from recipes.verl_ext.plugin import patches
+    from recipes.verl_ext.plugin import megatron_no_te
 
-    patches.apply_no_te_patches()
+    megatron_no_te.apply_no_te_patches()
     init_megatron_cpu()
     with tempfile.TemporaryDirectory() as path:
         hf_model = tiny_qwen2(path)

@@ -16,7 +16,7 @@ verl imports this package in every process that imports verl (entry-point group 
    and log-probs a chunked fp32 function instead of verl's row loop (:func:`.patches.apply_flash_attn_fallbacks`).
    On every machine the v1 replay buffer takes its poll interval from ``trainer.v1.sampler.sampler_kwargs``, and
    where TransformerEngine is missing ``strategy=megatron`` runs Megatron's local layer spec
-   (:func:`.patches.apply_no_te_patches`).
+   (:func:`.megatron_no_te.apply_no_te_patches`).
 
 The verl overrides that go with it are in :mod:`.cpu_overrides` (``CPU_VERL_OVERRIDES``); :mod:`.demo_run` runs and
 measures ``main_ppo`` (bench script, e2e tests).
@@ -31,7 +31,7 @@ import os
 
 from verl.plugin.platform import PlatformRegistry
 
-from recipes.verl_ext.plugin import patches
+from recipes.verl_ext.plugin import megatron_no_te, patches
 from recipes.verl_ext.plugin.patches import (
     SUPPORTED_VERL,
     UnsupportedVerlError,
@@ -70,7 +70,7 @@ def install() -> None:
     patches.apply_rollout_patches()
     patches.apply_record_patches()
     patches.apply_trainer_patches()
-    patches.apply_no_te_patches()  # strategy=megatron without TransformerEngine; nothing where TE is installed
+    megatron_no_te.apply_no_te_patches()  # strategy=megatron without TransformerEngine; nothing where TE is installed
     patches.when_imported(
         "verl.workers.rollout.replica",
         lambda replica: replica.RolloutReplicaRegistry.register("hf", _load_hf_replica),

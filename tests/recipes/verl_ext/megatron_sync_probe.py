@@ -27,7 +27,7 @@ from transformers import AutoConfig, Qwen2Config, Qwen2ForCausalLM
 from hybrid_engine.reshard.checksum import checksums
 from hybrid_engine.reshard.executor import spec_of
 from hybrid_engine.reshard.megatron import MegatronShardedWeights
-from recipes.verl_ext.plugin import patches, weight_sync
+from recipes.verl_ext.plugin import megatron_no_te, patches, weight_sync
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -84,7 +84,7 @@ class _Engine:
 
 def run(tied: bool, padded: bool = False, wrong_config: bool = False) -> dict:
     probe = _probe_module()
-    patches.apply_no_te_patches()
+    megatron_no_te.apply_no_te_patches()
     probe.init_megatron_cpu()
     with tempfile.TemporaryDirectory() as path:
         _tiny_qwen2(probe, path, tied)

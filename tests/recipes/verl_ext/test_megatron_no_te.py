@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import verl  # noqa: F401  (imports the plugin through the verl.plugins entry point)
 
-from recipes.verl_ext.plugin import patches
+from recipes.verl_ext.plugin import megatron_no_te
 
 ROOT = Path(__file__).resolve().parents[3]
 PATCHED_MODULES = {
@@ -40,21 +40,21 @@ def _megatron_extra() -> dict[str, str]:
 
 def test_megatron_extra_pins_exactly_the_patched_versions():
     extra = _megatron_extra()
-    assert {name: spec for name, spec in extra.items() if name in patches.SUPPORTED_MEGATRON} == {
-        name: f"=={version}" for name, version in patches.SUPPORTED_MEGATRON.items()
+    assert {name: spec for name, spec in extra.items() if name in megatron_no_te.SUPPORTED_MEGATRON} == {
+        name: f"=={version}" for name, version in megatron_no_te.SUPPORTED_MEGATRON.items()
     }
 
 
 def test_docs_name_the_pinned_versions():
     docs = (ROOT / "docs" / "megatron.md").read_text()
-    for name, version in patches.SUPPORTED_MEGATRON.items():
+    for name, version in megatron_no_te.SUPPORTED_MEGATRON.items():
         assert f"| {name} | {version} |" in docs
 
 
 def _registered_hooks(monkeypatch) -> list[str]:
     calls: list[str] = []
-    monkeypatch.setattr(patches, "when_imported", lambda module_name, callback: calls.append(module_name))
-    patches.apply_no_te_patches()
+    monkeypatch.setattr(megatron_no_te, "when_imported", lambda module_name, callback: calls.append(module_name))
+    megatron_no_te.apply_no_te_patches()
     return calls
 
 
@@ -62,7 +62,7 @@ def test_nothing_changes_where_transformer_engine_imports(tmp_path, monkeypatch)
     (tmp_path / "transformer_engine").mkdir()
     (tmp_path / "transformer_engine" / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert patches.transformer_engine_installed()
+    assert megatron_no_te.transformer_engine_installed()
     assert _registered_hooks(monkeypatch) == []
 
 
@@ -114,7 +114,7 @@ def test_distributed_optimizer_state_dict_before_the_first_step(monkeypatch):
     from megatron.core.optimizer import distrib_optimizer
 
     monkeypatch.setattr(distrib_optimizer, "HAVE_APEX_OR_TE", False)
-    patches._fresh_optimizer_state(distrib_optimizer)
+    megatron_no_te._fresh_optimizer_state(distrib_optimizer)
     weights = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))]
     adam = torch.optim.Adam(weights, lr=0.1)
 
@@ -144,7 +144,7 @@ def test_a_tied_checkpoint_hands_the_embedding_for_lm_head(tmp_path):
     from mbridge.core import safetensor_io
     from safetensors.torch import save_file
 
-    patches._tied_output_layer(safetensor_io)
+    megatron_no_te._tied_output_layer(safetensor_io)
     embedding, norm = torch.randn(8, 4), torch.randn(4)
     save_file({"model.embed_tokens.weight": embedding, "model.norm.weight": norm}, tmp_path / "model.safetensors")
     reader = safetensor_io.SafeTensorIO(str(tmp_path))
