@@ -40,6 +40,7 @@ from recipes.errors import ConfigError
 from recipes.monitor import final_metrics
 from recipes.nccl_env import pack_env
 from recipes.overrides import chosen_keys, override_key
+from recipes.ray_resources import cpus_needed
 from recipes.redact import redact_env
 from recipes.schema import Launcher, load_section
 
@@ -210,7 +211,7 @@ def job_runtime_env(cfg: DictConfig, launch_dir: Path) -> dict:
 
 def job_demand(cfg: DictConfig, per_job: dict | None = None) -> dict[str, float]:
     """Resources one job holds while it runs: 1 CPU to validate or plan; to train, a GPU per rank (logical GPUs for
-    the CPU path) and verl's CPUs (3 per rank, or ray_kwargs.ray_init.num_cpus when the run declares it)."""
+    the CPU path) and verl's CPUs (3 per rank and 2 beside, + 2 for the job, or ray_kwargs.ray_init.num_cpus when the run declares it)."""
     if per_job:
         return {str(k): float(v) for k, v in per_job.items()}
     if OmegaConf.select(cfg, "action") != "train":
@@ -218,7 +219,8 @@ def job_demand(cfg: DictConfig, per_job: dict | None = None) -> dict[str, float]
     world = int(OmegaConf.select(cfg, "cluster.nnodes", default=1)) * int(
         OmegaConf.select(cfg, "cluster.gpus_per_node", default=1))
     declared = OmegaConf.select(cfg, "ray_kwargs.ray_init.num_cpus", default=None)
-    cpus = float(declared) if declared else float(3 * world + 4)
+    # verl's own CPUs for the ranks (recipes.ray_resources), and 2 more for the job's driver and its start-up
+    cpus = float(declared) if declared else float(cpus_needed(world) + 2)
     return {"GPU": float(world), "CPU": cpus}
 
 

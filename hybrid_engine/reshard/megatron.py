@@ -45,6 +45,7 @@ from hybrid_engine.reshard.executor import (
 from hybrid_engine.reshard.shards import Box, LocalShards, layout_segments, megatron_layout, unique_tensors
 
 __all__ = [
+    "LOCAL_SPEC_NAMES",
     "MegatronRank",
     "MegatronShardedWeights",
     "megatron_checksums",
@@ -55,7 +56,7 @@ __all__ = [
 ]
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
-_LOCAL_SPEC_NAMES = {
+LOCAL_SPEC_NAMES = {
     # megatron-core's local layer spec keeps the layernorms TransformerEngine's spec fuses into the next linear
     "input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight",
     "pre_mlp_layernorm.weight": "mlp.linear_fc1.layer_norm_weight",
@@ -81,7 +82,7 @@ def _layout_key(name: str, layer_offset: int, layout: Mapping[str, list]) -> str
         key = f"decoder.layers.{int(match.group(1)) + layer_offset}.{name[match.end():]}"
     if key in layout:
         return key
-    for local, fused in _LOCAL_SPEC_NAMES.items():
+    for local, fused in LOCAL_SPEC_NAMES.items():
         if key.endswith("." + local) and key[: -len(local)] + fused in layout:
             return key[: -len(local)] + fused
     raise KeyError(f"{name}: not a tensor of this stage's Megatron layout (the model spec does not know it)")

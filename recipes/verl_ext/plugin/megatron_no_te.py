@@ -193,20 +193,17 @@ def _tied_output_layer(safetensor_io) -> None:
     wrap_once(safetensor_io.SafeTensorIO, "load_some_hf_weight", "_hybrid_engine_no_te", wrap)
 
 
-_LOCAL_TO_TE_NAMES = {
-    ".input_layernorm.weight": ".self_attention.linear_qkv.layer_norm_weight",
-    ".pre_mlp_layernorm.weight": ".mlp.linear_fc1.layer_norm_weight",
-}
-
-
 def _local_layernorm_names(bridge) -> None:
     require_supported_megatron()
 
     def wrap(original):
         @functools.wraps(original)
         def _weight_name_mapping_mcore_to_hf(self, mcore_weights_name: str) -> list[str]:
-            for local, fused in _LOCAL_TO_TE_NAMES.items():
-                if mcore_weights_name.endswith(local):
+            # lazy: the resharder's module (its torch.distributed helpers) is needed in mbridge's processes only
+            from hybrid_engine.reshard.megatron import LOCAL_SPEC_NAMES
+
+            for local, fused in LOCAL_SPEC_NAMES.items():
+                if mcore_weights_name.endswith("." + local):
                     mcore_weights_name = mcore_weights_name[: -len(local)] + fused
                     break
             return original(self, mcore_weights_name)

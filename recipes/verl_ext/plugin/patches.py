@@ -256,42 +256,33 @@ def _load_value_model(local_path, torch_dtype, model_config, trust_remote_code):
     )
 
 
-def _sharded_weight_export(transformer_impl) -> None:
-    require_supported_verl()
+def _sharded_export(engine_class: str, export_name: str):
+    """The patch for ``transformer_impl.<engine_class>.get_per_tensor_param``: its generator (not started) goes to
+    ``weight_sync.<export_name>``, which puts the engine's own sharded weights beside it (LoRA: verl's, untouched)."""
 
-    def wrap(original):
-        @functools.wraps(original)
-        def get_per_tensor_param(self, *args, **kwargs):
-            # lazy: verl imports this module in every process; only one whose FSDP engine exports weights needs it
-            from recipes.verl_ext.plugin.weight_sync import export_sharded
+    def patch(transformer_impl) -> None:
+        require_supported_verl()
 
-            per_tensor_param, peft_config = original(self, *args, **kwargs)
-            if peft_config is not None:
-                return per_tensor_param, peft_config
-            return export_sharded(self, per_tensor_param), peft_config
+        def wrap(original):
+            @functools.wraps(original)
+            def get_per_tensor_param(self, *args, **kwargs):
+                # lazy: verl imports this module in every process; only one whose engine exports weights needs it
+                from recipes.verl_ext.plugin import weight_sync
 
-        return get_per_tensor_param
+                per_tensor_param, peft_config = original(self, *args, **kwargs)  # also loads offloaded weights
+                if peft_config is not None:
+                    return per_tensor_param, peft_config
+                return getattr(weight_sync, export_name)(self, per_tensor_param), peft_config
 
-    wrap_once(transformer_impl.FSDPEngine, "get_per_tensor_param", "_hybrid_engine_sharded", wrap)
+            return get_per_tensor_param
+
+        wrap_once(getattr(transformer_impl, engine_class), "get_per_tensor_param", "_hybrid_engine_sharded", wrap)
+
+    return patch
 
 
-def _megatron_sharded_weight_export(transformer_impl) -> None:
-    require_supported_verl()
-
-    def wrap(original):
-        @functools.wraps(original)
-        def get_per_tensor_param(self, *args, **kwargs):
-            # lazy: verl imports this module in every process; only one whose Megatron engine exports weights needs it
-            from recipes.verl_ext.plugin.weight_sync import export_megatron_sharded
-
-            per_tensor_param, peft_config = original(self, *args, **kwargs)  # also loads offloaded weights
-            if peft_config is not None:
-                return per_tensor_param, peft_config
-            return export_megatron_sharded(self, per_tensor_param), peft_config
-
-        return get_per_tensor_param
-
-    wrap_once(transformer_impl.MegatronEngine, "get_per_tensor_param", "_hybrid_engine_sharded", wrap)
+_sharded_weight_export = _sharded_export("FSDPEngine", "export_sharded")
+_megatron_sharded_weight_export = _sharded_export("MegatronEngine", "export_megatron_sharded")
 
 
 def _redacted_config_print(module) -> None:
