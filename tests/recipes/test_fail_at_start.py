@@ -20,10 +20,10 @@ CASES = [
 
 
 @pytest.mark.parametrize(("argv", "expected"), CASES, ids=[c[0][-1] for c in CASES])
-def test_refused_before_anything_starts(tmp_path, recipe_cli, argv, expected):
+def test_refused_before_anything_starts(tmp_path, recipe_main, argv, expected):
     (tmp_path / "a_file").write_text("not a folder\n")
     (tmp_path / "elsewhere").mkdir()
-    proc = recipe_cli("grpo", *argv, cwd=tmp_path, timeout=300)
+    proc = recipe_main("grpo", *argv, cwd=tmp_path, timeout=300)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert lines[-1].startswith(expected.format(tmp=tmp_path, up=tmp_path.parent)), lines
@@ -32,7 +32,7 @@ def test_refused_before_anything_starts(tmp_path, recipe_cli, argv, expected):
     assert not list(tmp_path.parent.glob("20*-*-*_*-*-*"))  # run.name=../..: nothing written above run.root
 
 
-def test_resume_of_a_run_whose_latest_checkpoint_is_damaged_offers_the_previous_one(tmp_path, recipe_cli):
+def test_resume_of_a_run_whose_latest_checkpoint_is_damaged_offers_the_previous_one(tmp_path, recipe_main):
     from tests.recipes.test_checkpoints import _checkpoint, _run_folder
 
     run = _run_folder(tmp_path)
@@ -42,7 +42,7 @@ def test_resume_of_a_run_whose_latest_checkpoint_is_damaged_offers_the_previous_
     with open(model, "r+b") as f:
         f.truncate(4096)  # a model file cut short
     before = sorted(p.relative_to(run) for p in run.rglob("*"))
-    proc = recipe_cli("grpo", f"run.resume={run}", cwd=tmp_path, timeout=300)
+    proc = recipe_main("grpo", f"run.resume={run}", cwd=tmp_path, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1] == (
         f"config error: run.resume={run}: the latest checkpoint {damaged} is damaged: "
@@ -53,7 +53,7 @@ def test_resume_of_a_run_whose_latest_checkpoint_is_damaged_offers_the_previous_
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before  # nothing created in the run folder
 
 
-def test_resume_of_a_run_that_is_still_running_is_refused(tmp_path, recipe_cli):
+def test_resume_of_a_run_that_is_still_running_is_refused(tmp_path, recipe_main):
     import json
     import os
     import socket
@@ -64,7 +64,7 @@ def test_resume_of_a_run_that_is_still_running_is_refused(tmp_path, recipe_cli):
     _checkpoint(run, 2)
     holder = {"pid": os.getpid(), "host": socket.gethostname()}  # this test's process: alive
     (run / "run.lock").write_text(json.dumps(holder))
-    proc = recipe_cli("grpo", f"run.resume={run}", cwd=tmp_path, timeout=300)
+    proc = recipe_main("grpo", f"run.resume={run}", cwd=tmp_path, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1] == (
         f"config error: run.resume={run}: {run} is in use by process {os.getpid()} on {holder['host']} "

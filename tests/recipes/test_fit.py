@@ -190,7 +190,8 @@ def test_validation_does_not_write_into_the_config_it_checks():
 
 @pytest.fixture(scope="module")
 def refused(recipe_cli, tmp_path_factory):
-    """``action=validate`` of the overcommitted run, as a user types it."""
+    """``action=validate`` of the overcommitted run, as a user types it (a real child process; the other commands of
+    this section run in-process)."""
     cwd = tmp_path_factory.mktemp("refused")
     return cwd, recipe_cli("grpo", *OVER, "action=validate", cwd=cwd, timeout=300)
 
@@ -213,19 +214,19 @@ def test_validate_exits_2_with_the_error_and_its_suggestions(refused, over):
 
 
 @pytest.mark.parametrize("index", range(3))
-def test_each_printed_suggestion_validates(index, refused, recipe_cli, tmp_path):
+def test_each_printed_suggestion_validates(index, refused, recipe_main, tmp_path):
     _, proc = refused
     suggestions = _suggestions(proc.stderr)
     assert len(suggestions) == 3
-    applied = recipe_cli("grpo", *OVER, *suggestions[index]["overrides"].split(), "action=validate", cwd=tmp_path,
+    applied = recipe_main("grpo", *OVER, *suggestions[index]["overrides"].split(), "action=validate", cwd=tmp_path,
                          timeout=300)
     assert applied.returncode == 0, applied.stderr[-2000:]
     assert applied.stdout.startswith("config OK: megatron train")
 
 
-def test_plan_prints_its_table_then_exits_2(recipe_cli, tmp_path, over):
+def test_plan_prints_its_table_then_exits_2(recipe_main, tmp_path, over):
     _, _, plan, found = over
-    proc = recipe_cli("grpo", *OVER, "action=plan", cwd=tmp_path, timeout=300)
+    proc = recipe_main("grpo", *OVER, "action=plan", cwd=tmp_path, timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     out = proc.stdout
     m = plan.memory
@@ -235,14 +236,14 @@ def test_plan_prints_its_table_then_exits_2(recipe_cli, tmp_path, over):
     assert [m["overrides"] for m in _suggestions("\n".join(errors))] == [s.text for s in found]
 
 
-def test_train_is_refused_before_anything_starts(recipe_cli, tmp_path):
-    proc = recipe_cli("grpo", *OVER, "action=train", cwd=tmp_path, timeout=300)
+def test_train_is_refused_before_anything_starts(recipe_main, tmp_path):
+    proc = recipe_main("grpo", *OVER, "action=train", cwd=tmp_path, timeout=300)
     assert proc.returncode == 2 and proc.stderr.startswith("config error: memory: planned peak")
     assert not (tmp_path / "runs").exists()
 
 
-def test_allow_overcommit_goes_on_with_a_warning(recipe_cli, tmp_path):
-    proc = recipe_cli("grpo", *OVER, "run.allow_overcommit=true", "action=validate", cwd=tmp_path, timeout=300)
+def test_allow_overcommit_goes_on_with_a_warning(recipe_main, tmp_path):
+    proc = recipe_main("grpo", *OVER, "run.allow_overcommit=true", "action=validate", cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith("config OK: megatron train dp1 tp4 pp2")
     (warning,) = [line for line in proc.stderr.splitlines() if line.startswith("warning: memory:")]

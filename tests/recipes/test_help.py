@@ -78,10 +78,11 @@ def parse_groups(lines: list[str]) -> dict[str, list[dict]]:
 
 @pytest.fixture(scope="module")
 def helps(tmp_path_factory):
-    from tests.conftest import run_recipe_cli
+    from tests.conftest import run_recipe_cli, run_recipe_main
 
+    # --help in a real child process per recipe, as a user types it; -h (the same answer) in-process
     cwd = tmp_path_factory.mktemp("help")
-    return {(recipe, flag): run_recipe_cli(recipe, flag, cwd=cwd, timeout=120)
+    return {(recipe, flag): (run_recipe_cli if flag == "--help" else run_recipe_main)(recipe, flag, cwd=cwd)
             for recipe in RECIPES for flag in ("--help", "-h")}
 
 
@@ -143,11 +144,11 @@ def as_validation(args: list[str]) -> list[str]:
 
 @pytest.mark.parametrize("index", range(5))
 @pytest.mark.parametrize("recipe", RECIPES)
-def test_each_example_command_validates(helps, recipe, index, tmp_path, recipe_cli):
+def test_each_example_command_validates(helps, recipe, index, tmp_path, recipe_main):
     commands = examples(helps[recipe, "--help"].stdout, recipe)
     assert len(commands) == 5
     args = as_validation(commands[index])
-    proc = recipe_cli(recipe, *args, cwd=tmp_path, timeout=300)
+    proc = recipe_main(recipe, *args, cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, f"{shlex.join(args)}:\n{proc.stderr[-3000:]}"
     jobs = math.prod(len(arg.split("=", 1)[1].split(",")) for arg in args if "=" in arg) if "-m" in args else 1
     assert proc.stdout.count("config OK:") == jobs, proc.stdout
@@ -155,8 +156,8 @@ def test_each_example_command_validates(helps, recipe, index, tmp_path, recipe_c
 
 
 @pytest.mark.parametrize(("topic", "group"), [("models", "model"), ("experiments", "experiment"), ("nccl", "nccl")])
-def test_help_topic_lists_one_group_with_whole_headers(topic, group, tmp_path, recipe_cli):
-    proc = recipe_cli("grpo", "--help", topic, cwd=tmp_path, timeout=120)
+def test_help_topic_lists_one_group_with_whole_headers(topic, group, tmp_path, recipe_main):
+    proc = recipe_main("grpo", "--help", topic, cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].split(":")[0].split(" ")[0] == group
@@ -170,8 +171,8 @@ def test_help_topic_lists_one_group_with_whole_headers(topic, group, tmp_path, r
     assert not (tmp_path / "runs").exists()  # help starts no run
 
 
-def test_help_unknown_topic_is_one_error_line(tmp_path, recipe_cli):
-    proc = recipe_cli("grpo", "--help", "modles", cwd=tmp_path, timeout=120)
+def test_help_unknown_topic_is_one_error_line(tmp_path, recipe_main):
+    proc = recipe_main("grpo", "--help", "modles", cwd=tmp_path, timeout=120)
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
@@ -215,22 +216,22 @@ def test_bash_accepts_the_completion_script_and_it_completes(tmp_path):
     assert proc.stderr == ""  # nothing lands in the user's prompt while completing
 
 
-def test_hydra_help_still_answers(tmp_path, recipe_cli):
+def test_hydra_help_still_answers(tmp_path, recipe_main):
     # Hydra composes its own help without the recipe: the embedded CPU default's group overrides must not reach it
-    proc = recipe_cli("grpo", "--hydra-help", "parallel=tp4", cwd=tmp_path, timeout=120)
+    proc = recipe_main("grpo", "--hydra-help", "parallel=tp4", cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith("Hydra (")
     assert "--shell-completion" in proc.stdout
 
 
 @pytest.mark.parametrize(("recipe", "args"), [("grpo", ()), ("kl_ppo", ("kl=adaptive", "kl.target=0.2"))])
-def test_help_kl_ends_with_the_numbers_the_command_line_runs_with(recipe, args, tmp_path, recipe_cli):
+def test_help_kl_ends_with_the_numbers_the_command_line_runs_with(recipe, args, tmp_path, recipe_main):
     """The numbers are the composed config's (the embedded tiny task's on this GPU-less machine), not kl/'s own."""
     from omegaconf import OmegaConf
 
     from recipes.compose import compose_recipe
 
-    proc = recipe_cli(recipe, "--help", "kl", *args, cwd=tmp_path, timeout=120)
+    proc = recipe_main(recipe, "--help", "kl", *args, cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr
     chosen = {arg.split("=", 1)[0] for arg in args}
     embedded = [f"{group}={option}" for group, option in EMBEDDED_DEFAULTS.items() if group not in chosen]

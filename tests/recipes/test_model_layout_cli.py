@@ -1,6 +1,7 @@
-"""Through the CLI, as a user types it: the model that runs is the model checked (hub id, local folder, malformed or
-unknown), verl's own layout keys mean a GPU run on a CPU machine, and generation TP above training TP (verl's
-Megatron diff-TP example) validates and plans with verl's own sync path."""
+"""Through the CLI, as a user types it (a real child process per action and recipe, the rest in-process): the model
+that runs is the model checked (hub id, local folder, malformed or unknown), verl's own layout keys mean a GPU run on
+a CPU machine, and generation TP above training TP (verl's Megatron diff-TP example) validates and plans with verl's
+own sync path."""
 
 from __future__ import annotations
 
@@ -83,8 +84,8 @@ def _not_as_typed(overrides: list[str], resolved) -> list[str]:
     return out
 
 
-def _validate(recipe_cli, tmp_path, *args, recipe="grpo"):
-    proc = recipe_cli(recipe, *args, "action=validate", cwd=tmp_path, timeout=300)
+def _validate(recipe_main, tmp_path, *args, recipe="grpo"):
+    proc = recipe_main(recipe, *args, "action=validate", cwd=tmp_path, timeout=300)
     written = sorted((tmp_path / "runs" / recipe).glob("*/resolved_config.yaml"))
     return proc, (OmegaConf.load(written[-1]) if written else None)
 
@@ -99,6 +100,7 @@ def _config_ok(proc) -> str:
 
 
 def test_verl_seq_balance_example_checks_qwen2_7b_and_lands(tmp_path, recipe_cli):
+    # a real child process: grpo's action=validate as a user types it (the other checks here run it in-process)
     proc, resolved = _validate(recipe_cli, tmp_path, *SEQ_BALANCE)
     assert proc.returncode == 0, proc.stderr
     assert EMBEDDED_NOTICE not in proc.stderr
@@ -116,8 +118,8 @@ def test_a_chosen_gpu_type_is_named_without_the_hint(chosen, tmp_path, monkeypat
     assert " replicas on 1x8 h200_141g, model " in _config_ok(capsys.readouterr().out)
 
 
-def test_verl_layout_keys_alone_mean_a_gpu_run(tmp_path, recipe_cli):
-    proc, resolved = _validate(recipe_cli, tmp_path, "trainer.n_gpus_per_node=8", "trainer.nnodes=1")
+def test_verl_layout_keys_alone_mean_a_gpu_run(tmp_path, recipe_main):
+    proc, resolved = _validate(recipe_main, tmp_path, "trainer.n_gpus_per_node=8", "trainer.nnodes=1")
     assert proc.returncode == 0, proc.stderr
     assert EMBEDDED_NOTICE not in proc.stderr
     line = _config_ok(proc)
@@ -126,15 +128,15 @@ def test_verl_layout_keys_alone_mean_a_gpu_run(tmp_path, recipe_cli):
     assert (resolved.trainer.n_gpus_per_node, resolved.trainer.nnodes, resolved.cluster.gpu.name) == (8, 1, "h100_80g")
 
 
-def test_n_gpus_per_node_alone_adds_no_embedded_default(tmp_path, recipe_cli):
-    proc, resolved = _validate(recipe_cli, tmp_path, "trainer.n_gpus_per_node=8")
+def test_n_gpus_per_node_alone_adds_no_embedded_default(tmp_path, recipe_main):
+    proc, resolved = _validate(recipe_main, tmp_path, "trainer.n_gpus_per_node=8")
     assert proc.returncode == 0, proc.stderr
     assert EMBEDDED_NOTICE not in proc.stderr and "tiny" not in _config_ok(proc)
     assert resolved.model.name == "llama3_1_8b" and resolved.trainer.n_gpus_per_node == 8
 
 
-def test_no_layout_keys_still_give_the_cpu_demo(tmp_path, recipe_cli):
-    proc, _ = _validate(recipe_cli, tmp_path)
+def test_no_layout_keys_still_give_the_cpu_demo(tmp_path, recipe_main):
+    proc, _ = _validate(recipe_main, tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "embedded CPU defaults parallel=cpu cluster=cpu rollout=hf model=tiny task=tiny" in proc.stderr
     assert ", model tiny (local folder " in _config_ok(proc)
@@ -148,24 +150,24 @@ def _model_folder(folder: Path, **change) -> Path:
     return folder
 
 
-def test_a_local_model_folder_is_checked_from_its_config_json(tmp_path, recipe_cli):
+def test_a_local_model_folder_is_checked_from_its_config_json(tmp_path, recipe_main):
     folder = _model_folder(tmp_path / "my-model", num_hidden_layers=30)
-    proc, resolved = _validate(recipe_cli, tmp_path, f"actor_rollout_ref.model.path={folder}",
+    proc, resolved = _validate(recipe_main, tmp_path, f"actor_rollout_ref.model.path={folder}",
                                "trainer.n_gpus_per_node=8")
     assert proc.returncode == 0, proc.stderr
     assert _config_ok(proc).endswith(f", model my-model (local folder {folder})")
     assert resolved.actor_rollout_ref.model.path == str(folder)
     # its numbers are the ones checked (not the default model.name llama3_1_8b's 32 heads): 28 heads over tp 8
-    proc, _ = _validate(recipe_cli, tmp_path, f"actor_rollout_ref.model.path={folder}", "trainer.n_gpus_per_node=8",
+    proc, _ = _validate(recipe_main, tmp_path, f"actor_rollout_ref.model.path={folder}", "trainer.n_gpus_per_node=8",
                         "actor_rollout_ref.rollout.tensor_model_parallel_size=8")
     assert proc.returncode == 2
     assert "config error: layout.infer.tp: my-model has 28 attention heads, not divisible by tp(8): 28 % 8 = 4" in (
         proc.stderr)
 
 
-def test_a_malformed_config_json_is_one_line_naming_the_file_and_the_field(tmp_path, recipe_cli):
+def test_a_malformed_config_json_is_one_line_naming_the_file_and_the_field(tmp_path, recipe_main):
     folder = _model_folder(tmp_path / "broken", num_attention_heads="lots")
-    proc = recipe_cli("grpo", f"actor_rollout_ref.model.path={folder}", "trainer.n_gpus_per_node=8",
+    proc = recipe_main("grpo", f"actor_rollout_ref.model.path={folder}", "trainer.n_gpus_per_node=8",
                       "action=validate", cwd=tmp_path, timeout=300)
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
@@ -176,8 +178,8 @@ def test_a_malformed_config_json_is_one_line_naming_the_file_and_the_field(tmp_p
 
 
 @pytest.mark.parametrize("recipe", ["grpo", "kl_ppo"])  # kl_ppo: verl converts the critic's model config too
-def test_an_unknown_hub_id_warns_and_validates(tmp_path, recipe_cli, recipe):
-    proc, resolved = _validate(recipe_cli, tmp_path, "actor_rollout_ref.model.path=acme/unknown-7b",
+def test_an_unknown_hub_id_warns_and_validates(tmp_path, recipe_main, recipe):
+    proc, resolved = _validate(recipe_main, tmp_path, "actor_rollout_ref.model.path=acme/unknown-7b",
                                "trainer.n_gpus_per_node=8", recipe=recipe)
     assert proc.returncode == 0, proc.stderr
     assert ("warning: actor_rollout_ref.model.path: acme/unknown-7b is a hub id the pack does not ship, so its "
@@ -186,8 +188,8 @@ def test_an_unknown_hub_id_warns_and_validates(tmp_path, recipe_cli, recipe):
     assert resolved.actor_rollout_ref.model.path == "acme/unknown-7b"
 
 
-def test_an_explicit_model_of_another_hub_id_says_which_is_checked(tmp_path, recipe_cli):
-    proc, _ = _validate(recipe_cli, tmp_path, "model=qwen2_5_32b", "actor_rollout_ref.model.path=Qwen/Qwen2-7B",
+def test_an_explicit_model_of_another_hub_id_says_which_is_checked(tmp_path, recipe_main):
+    proc, _ = _validate(recipe_main, tmp_path, "model=qwen2_5_32b", "actor_rollout_ref.model.path=Qwen/Qwen2-7B",
                         "trainer.n_gpus_per_node=8")
     assert proc.returncode == 0, proc.stderr
     assert ("warning: model.name: model=qwen2_5_32b is not the model that runs: actor_rollout_ref.model.path="
@@ -195,8 +197,8 @@ def test_an_explicit_model_of_another_hub_id_says_which_is_checked(tmp_path, rec
     assert _config_ok(proc).endswith(", model qwen2_7b (hub id Qwen/Qwen2-7B, shipped config)")
 
 
-def test_verl_diff_tp_megatron_example_validates(tmp_path, recipe_cli):
-    proc, resolved = _validate(recipe_cli, tmp_path, *DIFF_TP)
+def test_verl_diff_tp_megatron_example_validates(tmp_path, recipe_main):
+    proc, resolved = _validate(recipe_main, tmp_path, *DIFF_TP)
     assert proc.returncode == 0, proc.stderr
     assert _config_ok(proc) == (
         "config OK: megatron train dp2 tp2 pp2 cp1 ep1 -> vllm infer tp4 pp1 x2 replicas on 1x8 h100_80g "
@@ -205,8 +207,8 @@ def test_verl_diff_tp_megatron_example_validates(tmp_path, recipe_cli):
     assert _not_as_typed(DIFF_TP, resolved) == []
 
 
-def test_verl_diff_tp_megatron_example_plans_with_verls_sync_path(tmp_path, recipe_cli):
-    proc = recipe_cli("grpo", *DIFF_TP, "action=plan", cwd=tmp_path, timeout=300)
+def test_verl_diff_tp_megatron_example_plans_with_verls_sync_path(tmp_path, recipe_cli, recipe_main):
+    proc = recipe_cli("grpo", *DIFF_TP, "action=plan", cwd=tmp_path, timeout=300)  # grpo's action=plan, a real child
     assert proc.returncode == 0, proc.stderr
     (sync,) = [line for line in proc.stdout.splitlines() if line.startswith("sync ")]
     assert sync == (
@@ -215,7 +217,7 @@ def test_verl_diff_tp_megatron_example_plans_with_verls_sync_path(tmp_path, reci
         " divide train.tp 2"
     )
     assert "tp_group_gather" in proc.stdout and "hybridflow " not in proc.stdout
-    proc = recipe_cli("grpo", *DIFF_TP, "action=plan", "plan.format=json", cwd=tmp_path, timeout=300)
+    proc = recipe_main("grpo", *DIFF_TP, "action=plan", "plan.format=json", cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout[proc.stdout.index("{"):])
     assert data["sync_path"]["by"] == "verl" and set(data["bytes"]) == {"tp_group_gather", "full_gather"}
@@ -223,6 +225,7 @@ def test_verl_diff_tp_megatron_example_plans_with_verls_sync_path(tmp_path, reci
 
 
 def test_the_article_layout_plans_with_the_resharder(tmp_path, recipe_cli):
+    # kl_ppo's action=plan, a real child process
     proc = recipe_cli("kl_ppo", "parallel=tp8pp4", "strategy=megatron", "cluster.nnodes=4", "action=plan",
                       cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr

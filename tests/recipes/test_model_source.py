@@ -96,8 +96,8 @@ def test_a_folder_of_another_name_is_not_guessed():
     assert warnings[0].startswith(f"{PATH}: /cluster/models/my-finetune is not a folder on this machine, so its")
 
 
-def test_a_pasted_cluster_path_is_checked_through_the_cli(tmp_path, recipe_cli):
-    proc = recipe_cli("grpo", f"{PATH}=/cluster/models/Qwen3-30B-A3B", "trainer.n_gpus_per_node=8",
+def test_a_pasted_cluster_path_is_checked_through_the_cli(tmp_path, recipe_main):
+    proc = recipe_main("grpo", f"{PATH}=/cluster/models/Qwen3-30B-A3B", "trainer.n_gpus_per_node=8",
                       "trainer.nnodes=8", "offload=full", "action=validate", cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.splitlines()[0].endswith(

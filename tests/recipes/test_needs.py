@@ -34,8 +34,8 @@ def test_gpu_layout_and_missing_vllm_stop_train_at_once(tmp_path, recipe_cli, mo
 
 
 @needs_cpu_only
-def test_megatron_validates_on_a_cpu_machine_as_a_gpu_plan_with_a_note(tmp_path, recipe_cli):
-    proc = recipe_cli("kl_ppo", "strategy=megatron", "parallel=tp1", "model=qwen2_5_0_5b", "action=validate",
+def test_megatron_validates_on_a_cpu_machine_as_a_gpu_plan_with_a_note(tmp_path, recipe_main):
+    proc = recipe_main("kl_ppo", "strategy=megatron", "parallel=tp1", "model=qwen2_5_0_5b", "action=validate",
                       cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith("config OK: megatron train dp8 tp1")
@@ -111,7 +111,7 @@ def test_missing_packages_names_only_the_engines_the_config_uses(monkeypatch):
     assert importable("os.path") and not importable("no_such_package_here.sub")
 
 
-def test_missing_data_and_an_unmakeable_checkpoint_folder_stop_train_before_ray(tmp_path, recipe_cli):
+def test_missing_data_and_an_unmakeable_checkpoint_folder_stop_train_before_ray(tmp_path, recipe_main):
     """verl would read the data at the trainer's start (a minute in, after Ray) and write the folder at the first
     save (save_freq steps in); here both stop the run at once, one line each, nothing left behind."""
     blocker = tmp_path / "a_file"
@@ -119,7 +119,7 @@ def test_missing_data_and_an_unmakeable_checkpoint_folder_stop_train_before_ray(
     work = tmp_path / "work"
     work.mkdir()
     args = (f"data.val_files={tmp_path}/nope/val.parquet", f"trainer.default_local_dir={blocker}/ckpt")
-    proc = recipe_cli("grpo", *args, cwd=work, timeout=120, env={"RAY_TMPDIR": str(tmp_path / "no_ray")})
+    proc = recipe_main("grpo", *args, cwd=work, env={"RAY_TMPDIR": str(tmp_path / "no_ray")})
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "2 config errors:" in proc.stderr and "Traceback" not in proc.stderr
     assert (f"data.val_files: {tmp_path}/nope/val.parquet is not a file on this machine (verl's RLHFDataset reads "

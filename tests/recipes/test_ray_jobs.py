@@ -203,19 +203,19 @@ def test_exit_codes():
     assert exit_code_of(SimpleNamespace(status="STOPPED", driver_exit_code=None)) == 130
 
 
-def test_launcher_ray_options_validate_but_train_needs_a_cluster(tmp_path, recipe_cli):
+def test_launcher_ray_options_validate_but_train_needs_a_cluster(tmp_path, recipe_main):
     """action=validate needs no cluster; action=train with nothing at the address fails with one line, exit 2,
     before a run folder exists."""
     port = _closed_port()
     base = ["launcher=ray", f"launcher.address=127.0.0.1:{port}", *CPU]
-    proc = recipe_cli("grpo", *base, "action=train", cwd=tmp_path)
+    proc = recipe_main("grpo", *base, "action=train", cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if "config error" in line]
     assert errors == [f"config error: launcher.address: no Ray cluster answers at http://127.0.0.1:{port} "
                       f"(connection refused); start one with scripts/ray_head.sh, or set "
                       f"launcher.address=http://HEAD:8265"]
     assert not (tmp_path / "runs").exists()
-    proc = recipe_cli("grpo", *base, "action=validate", cwd=tmp_path)
+    proc = recipe_main("grpo", *base, "action=validate", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "config OK" in proc.stdout
     (resolved,) = (tmp_path / "runs" / "grpo").glob("*/resolved_config.yaml")

@@ -40,12 +40,12 @@ def test_release_removes_only_what_it_made(tmp_path):
     assert not (tmp_path / "fresh").exists()  # a lone reservation takes its parents with it
 
 
-def test_a_taken_name_gets_the_next_suffix_through_the_cli(tmp_path, recipe_cli):
+def test_a_taken_name_gets_the_next_suffix_through_the_cli(tmp_path, recipe_main):
     start = datetime.now()
     for seconds in range(60):  # every name the run could take in the next minute is taken
         (tmp_path / "runs" / "grpo" / (start + timedelta(seconds=seconds)).strftime("%Y-%m-%d_%H-%M-%S")).mkdir(
             parents=True)
-    proc = recipe_cli("grpo", "action=validate", cwd=tmp_path)
+    proc = recipe_main("grpo", "action=validate", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     written = list((tmp_path / "runs" / "grpo").glob("*/resolved_config.yaml"))
     assert len(written) == 1 and written[0].parent.name.endswith("-1")
@@ -62,12 +62,12 @@ def test_two_runs_started_together_never_share_a_folder(tmp_path):
     assert len(folders) == 2
 
 
-def test_a_sweep_gets_a_folder_of_its_own(tmp_path, recipe_cli):
+def test_a_sweep_gets_a_folder_of_its_own(tmp_path, recipe_main):
     start = datetime.now()
     for seconds in range(60):  # another sweep holds every name this one could take in the next minute
         name = "multirun-" + (start + timedelta(seconds=seconds)).strftime("%Y-%m-%d_%H-%M-%S")
         (tmp_path / "runs" / "grpo" / name).mkdir(parents=True)
-    proc = recipe_cli("grpo", "-m", "actor_rollout_ref.rollout.n=1,2", "action=validate", cwd=tmp_path)
+    proc = recipe_main("grpo", "-m", "actor_rollout_ref.rollout.n=1,2", "action=validate", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     written = sorted((tmp_path / "runs" / "grpo").glob("*/*/resolved_config.yaml"))
     assert [(p.parent.parent.name.endswith("-1"), p.parent.name) for p in written] == [(True, "0"), (True, "1")]
@@ -102,9 +102,9 @@ def test_a_run_folder_is_locked_while_its_run_lives_and_a_dead_runs_lock_is_take
     assert (tmp_path / LOCK).exists()
 
 
-def test_a_typed_run_folder_that_does_not_exist_yet_is_made_and_locked(tmp_path, recipe_cli):
+def test_a_typed_run_folder_that_does_not_exist_yet_is_made_and_locked(tmp_path, recipe_main):
     folder = tmp_path / "not" / "yet" / "there"
-    proc = recipe_cli("grpo", "action=validate", f"hydra.run.dir={folder}", cwd=tmp_path)
+    proc = recipe_main("grpo", "action=validate", f"hydra.run.dir={folder}", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
     assert (folder / "resolved_config.yaml").is_file()

@@ -414,8 +414,8 @@ CLI = [
 
 
 @pytest.mark.parametrize(("recipe", "argv", "key"), CLI, ids=[" ".join(a) for _, a, _ in CLI])
-def test_cli_bad_value(recipe, argv, key, tmp_path, recipe_cli):
-    proc = recipe_cli(recipe, *argv, "action=validate", cwd=tmp_path, timeout=300)
+def test_cli_bad_value(recipe, argv, key, tmp_path, recipe_main):
+    proc = recipe_main(recipe, *argv, "action=validate", cwd=tmp_path, timeout=300)
     assert proc.returncode == 2, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("config error")]
     assert len(errors) == 1 and errors[0].startswith(f"config error: {key}: "), proc.stderr

@@ -395,10 +395,10 @@ def test_the_extractor_sets_what_a_script_demands_and_skips_other_trainers():
                                              ("examples/grpo_trainer/run_qwen3_30b_veomni.sh", "veomni"),
                                              # --config-name=ppo_megatron_trainer, verl's other primary config
                                              ("examples/grpo_trainer/run_qwen2-7b_math_megatron_fsdp.sh", "megatron")])
-def test_verl_engine_switch_through_the_cli(source, strategy, tmp_path, recipe_cli):
+def test_verl_engine_switch_through_the_cli(source, strategy, tmp_path, recipe_main):
     """verl's ``model_engine=<engine>`` is the pack's strategy of that engine: said once on stderr, saved as verl's."""
     example = next(e for e in TAKEN if e["source"] == source)
-    proc = recipe_cli(example["recipe"], "action=validate", *example["overrides"], cwd=tmp_path, timeout=300)
+    proc = recipe_main(example["recipe"], "action=validate", *example["overrides"], cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"note: model_engine={strategy} (verl's engine switch) chooses strategy={strategy}" in proc.stderr
     assert proc.stdout.splitlines()[-2].startswith(f"config OK: {strategy} train ")

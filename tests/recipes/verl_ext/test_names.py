@@ -130,8 +130,8 @@ def test_megatron_optimizer_nodes_are_not_fsdp_ones():
     assert N.name_problems(megatron, inactive=frozenset({"critic"})) == {}
 
 
-def test_the_cli_refuses_a_wrong_kl_estimator_before_anything_starts(tmp_path, recipe_cli):
-    proc = recipe_cli("kl_ppo", "algorithm.kl_penalty=low_var", "action=validate", cwd=tmp_path, timeout=300)
+def test_the_cli_refuses_a_wrong_kl_estimator_before_anything_starts(tmp_path, recipe_main):
+    proc = recipe_main("kl_ppo", "algorithm.kl_penalty=low_var", "action=validate", cwd=tmp_path, timeout=300)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert lines[-1] == ("config error: algorithm.kl_penalty: must be one of verl 0.9.1's KL estimators: kl, k1, "

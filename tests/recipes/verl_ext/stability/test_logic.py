@@ -242,11 +242,11 @@ def test_the_demos_normal_kl_rise_does_not_roll_back_but_a_gradient_blow_up_does
     assert RollbackRule(rule.bands, 0).check({"actor/grad_norm": float("nan")}, 1) is None  # stability=off
 
 
-def test_a_horizon_that_can_flip_the_coefficient_is_accepted_with_a_warning(recipe_cli, tmp_path):
+def test_a_horizon_that_can_flip_the_coefficient_is_accepted_with_a_warning(recipe_main, tmp_path):
     """verl 0.9.1 accepts the task's horizon of 40 with 256 sequences a step, and so does the pack (exit 0); stderr
     says that one step can take the in-reward coefficient to 0.2 * 256/40 below 1, and which horizon keeps it
     positive. The task's own batch gets no such line."""
-    warned = recipe_cli("kl_ppo", "data.train_batch_size=256", "action=validate", cwd=tmp_path, timeout=300)
+    warned = recipe_main("kl_ppo", "data.train_batch_size=256", "action=validate", cwd=tmp_path, timeout=300)
     assert warned.returncode == 0, warned.stderr[-2000:]
     assert warned.stdout.startswith("config OK: ")
     (line,) = [x for x in warned.stderr.splitlines() if x.startswith("warning: algorithm.kl_ctrl.horizon")]
@@ -254,5 +254,5 @@ def test_a_horizon_that_can_flip_the_coefficient_is_accepted_with_a_warning(reci
                            "256 x actor_rollout_ref.rollout.n 1): one step of the adaptive rule multiplies the "
                            "in-reward KL coefficient by 1 +- 0.2 * 256/40, between -0.28 and 2.28")
     assert line.endswith("a horizon above 1280 keeps it positive")
-    quiet = recipe_cli("kl_ppo", "action=validate", cwd=tmp_path, timeout=300)
+    quiet = recipe_main("kl_ppo", "action=validate", cwd=tmp_path, timeout=300)
     assert quiet.returncode == 0 and "kl_ctrl.horizon" not in quiet.stderr, quiet.stderr[-2000:]
