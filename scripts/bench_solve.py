@@ -1,6 +1,6 @@
 """Time the layout search (``plan.solve=true``, ``hybrid_engine.plan.solve``) on two requests and print the figures.
 
-    python scripts/bench_solve.py [--repeat 5]
+    python scripts/bench_solve.py [--repeat 5] [--out scripts/results/DATE-bench-solve]
 
 - DeepSeek-V3 (671B MoE) on 4096 GPUs (512 nodes x 8 H100 80GB), GRPO: 8192 prompts x 8 samples per step,
   mini-batch 2048, prompt 1024 + response 2048 tokens. Target: under 10 s.
@@ -9,6 +9,7 @@
 
 Both search FSDP2 and Megatron with dynamic token budgets. The figure is the median of ``--repeat`` searches after
 one warm-up (the tensor spec is built inside each search); the fastest layout found is printed with its time parts.
+``--out DIR`` keeps every sample, the environment and the printed lines (``scripts/_raw_output.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _raw_output import RawOutput  # noqa: E402
 
 from hybrid_engine.model_spec import load_arch  # noqa: E402
 from hybrid_engine.plan import ClusterSpec, PlanSettings  # noqa: E402
@@ -40,11 +44,13 @@ CASES = [
 ]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
-    args = parser.parse_args()
-    failed = False
+    parser.add_argument("--out", type=Path, help="keep the raw output here (JSON and the printed lines)")
+    args = parser.parse_args(argv)
+    raw = RawOutput(args.out, "bench_solve")
+    failed, cases = False, []
     for label, request, target in CASES:
         solve(request)  # warm-up: imports, the slice-table cache
         times, result = [], None
@@ -55,15 +61,20 @@ def main() -> int:
         median = statistics.median(times)
         ok = median < target and bool(result.candidates)
         failed |= not ok
-        print(f"{label}: solve median {median:.2f} s of {args.repeat} (min {min(times):.2f}, max {max(times):.2f}),"
-              f" target < {target:g} s -> {'ok' if ok else 'SLOW' if result.candidates else 'NOTHING FITS'}")
-        print(f"  {result.considered} layouts, {result.allowed} allowed, {result.evaluated} planned,"
-              f" {result.fitting} fit")
+        raw.print(f"{label}: solve median {median:.2f} s of {args.repeat} (min {min(times):.2f}, max {max(times):.2f}),"
+                  f" target < {target:g} s -> {'ok' if ok else 'SLOW' if result.candidates else 'NOTHING FITS'}")
+        raw.print(f"  {result.considered} layouts, {result.allowed} allowed, {result.evaluated} planned,"
+                  f" {result.fitting} fit")
         if result.candidates:
             best = result.candidates[0]
             parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in best.time.parts().items())
-            print(f"  #1 {best.describe()}: step {best.time.total:.1f} s ({parts}),"
-                  f" peak {best.memory['peak_bytes'] / 2**30:.2f} GiB in {best.memory['peak_phase']}")
+            raw.print(f"  #1 {best.describe()}: step {best.time.total:.1f} s ({parts}),"
+                      f" peak {best.memory['peak_bytes'] / 2**30:.2f} GiB in {best.memory['peak_phase']}")
+        cases.append({"case": label, "target_s": target, "samples_s": times, "median_s": median, "ok": ok,
+                      "considered": result.considered, "allowed": result.allowed, "evaluated": result.evaluated,
+                      "fitting": result.fitting,
+                      "best": result.candidates[0].describe() if result.candidates else None})
+    raw.write({"repeat": args.repeat, "cases": cases})
     return 1 if failed else 0
 
 

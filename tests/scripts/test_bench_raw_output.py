@@ -1,4 +1,5 @@
-"""``--out DIR`` of the benchmarks behind README figures (scripts/bench_plan.py, scripts/bench_validate.py): the JSON
+"""``--out DIR`` of the benchmarks behind README figures (scripts/bench_plan.py, scripts/bench_validate.py,
+scripts/bench_solve.py): the JSON
 holds every sample and the environment (CPU count, versions, date, git commit, load average at the start), and
 output.txt the terminal text.
 
@@ -17,6 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
 
 import bench_plan  # noqa: E402
+import bench_solve  # noqa: E402
 import bench_validate  # noqa: E402
 
 
@@ -59,3 +61,16 @@ def test_bench_validate_out_keeps_every_run(tmp_path, monkeypatch, capsys):
     kept = (tmp_path / "output.txt").read_text()
     assert "action=validate / --cfg job = 1.08x (grpo, 2 runs each, interleaved)" in kept
     assert kept in capsys.readouterr().out
+
+
+def test_bench_solve_out_keeps_every_search(tmp_path, monkeypatch, capsys):
+    """The smaller of its two requests only (the 4096-GPU search takes seconds a repeat on 2 cores)."""
+    monkeypatch.setattr(bench_solve, "CASES", [case for case in bench_solve.CASES if case[0].startswith("qwen2_7b")])
+    assert bench_solve.main(["--repeat", "2", "--out", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "bench_solve.json").read_text())
+    _environment_is_recorded(record["environment"])
+    (case,) = record["cases"]
+    assert case["case"] == "qwen2_7b @ 16 GPUs" and len(case["samples_s"]) == 2 and case["ok"]
+    assert case["median_s"] == pytest.approx(sum(case["samples_s"]) / 2) and case["fitting"] >= 1 and case["best"]
+    kept = (tmp_path / "output.txt").read_text()
+    assert kept.startswith("qwen2_7b @ 16 GPUs: solve median") and kept in capsys.readouterr().out
