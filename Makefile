@@ -17,8 +17,8 @@ demo:  ## the embedded CPU demo: python -m recipes.grpo (verl's trainer, tiny mo
 test:  ## the whole test suite, end-to-end CPU training included (what CI runs); prints the 15 slowest tests
 	$(PYTHON) -m pytest -q --durations=15
 
-test-fast:  ## the tests without the end-to-end training runs
-	$(PYTHON) -m pytest -q -m "not e2e"
+test-fast:  ## the tests under 5 s each (no training, no child processes, no Ray): marker slow left out
+	$(PYTHON) -m pytest -q -m "not slow"
 
 test-cluster:  ## the tests that start a local Ray cluster on 127.0.0.1 (Ray Jobs, sweeps, NCCL env in a worker)
 	$(PYTHON) -m pytest -q -m ray tests/cluster

@@ -116,7 +116,32 @@ def recipe_cli():
     return run_recipe_cli
 
 
+SLOW_S = 5.0
+"""What ``slow`` means: more than this many seconds (setup and call) on a 2-core machine. A test that starts a recipe
+in a child process (``recipe_cli``), trains end to end (``e2e``) or starts Ray (``ray``) is marked slow here; any other
+test over the mark is listed at the end of the run, to be marked or made faster. ``make test-fast`` leaves them out."""
+
+_over: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    if report.when in ("setup", "call") and "slow" not in report.keywords:
+        _over[report.nodeid] = _over.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    over = sorted(((s, nodeid) for nodeid, s in _over.items() if s > SLOW_S), reverse=True)
+    if over:
+        terminalreporter.write_sep("-", f"{len(over)} tests over {SLOW_S:g} s not marked slow (mark them or speed them up)")
+        for seconds, nodeid in over:
+            terminalreporter.write_line(f"{seconds:6.1f}s {nodeid}")
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "recipe_cli" in getattr(item, "fixturenames", ()) or any(
+                item.get_closest_marker(name) for name in ("e2e", "ray")):
+            item.add_marker(pytest.mark.slow)
     try:
         import torch
 

@@ -1,17 +1,19 @@
 """verl's own entry point, ``python -m verl.trainer.main_ppo``, end to end on the CPU with the tiny assets.
 
-What a verl user gets from the plugin alone, without the recipes: two runs of verl 0.9.1's default (v1,
+What a verl user gets from the plugin alone, without the recipes: one run of verl 0.9.1's default (v1,
 TransferQueue) trainer, FSDP2 over gloo, the plugin's ``hf`` rollout, with the overrides of
 ``recipes.verl_ext.plugin.cpu_overrides`` and fixed seeds (model init, prompt order, sampling):
 
-========================  =====  ==========================================================================
-run                       steps  what is asserted (numbers from verl's file logger, one JSON line per step)
-========================  =====  ==========================================================================
-GRPO, world size 2          4    the batch is split over 2 ranks; rollout == actor on both; every weight
-                                 sync ran through the resharder (bytes measured == planned)
-KL-PPO (GAE, critic, KL     4    critic trains; KL to the reference is 0 at step 1, then > 0; rollout ==
-in reward and in loss)           actor
-========================  =====  ==========================================================================
+==========================  =====  ========================================================================
+run                         steps  what is asserted (numbers from verl's file logger, one JSON line per step)
+==========================  =====  ========================================================================
+KL-PPO (GAE, critic, KL       4    the batch is split over 2 ranks; rollout == actor on both; every weight
+in reward and in loss),            sync ran through the resharder (bytes measured == planned); the critic
+world size 2                       trains; KL to the reference is 0 at step 1, then > 0
+==========================  =====  ========================================================================
+
+One launch covers what two did (GRPO at world size 2 and KL-PPO at world size 1): the recipes' runs cover GRPO at
+world size 2 on the same trainer and plugin (``test_recipes_cpu.py``).
 
 "rollout == actor": see ``tests/e2e/checks.py``. Learning (reward rising over 12 steps) and the run without weight
 sync are asserted through the recipes, on the same trainer and plugin (``test_recipes_cpu.py``).
@@ -43,10 +45,10 @@ def assets():
     return ensure_tiny_assets()
 
 
-def _run(assets, tmp_path_factory, name: str, *, algo: str, world_size: int, steps: int) -> RunResult:
+def _run(assets, tmp_path_factory, name: str, *, algo: str, world_size: int, steps: int, extra=()) -> RunResult:
     workdir = tmp_path_factory.mktemp(name)
     result = run_main_ppo(
-        demo_overrides(assets, algo=algo, world_size=world_size, steps=steps),
+        demo_overrides(assets, algo=algo, world_size=world_size, steps=steps, extra=extra),
         workdir=workdir,
         # the checkout first on the path, as for the recipes' runs (an installed copy of the pack may be older)
         env={SYNC_LOG_ENV: str(workdir / "weight_sync.jsonl"), "PYTHONPATH": str(ROOT)},
@@ -60,29 +62,25 @@ def _run(assets, tmp_path_factory, name: str, *, algo: str, world_size: int, ste
 
 
 @pytest.fixture(scope="module")
-def grpo_ws2(assets, tmp_path_factory) -> RunResult:
-    return _run(assets, tmp_path_factory, "grpo_ws2", algo="grpo", world_size=2, steps=4)
+def kl_ppo_ws2(assets, tmp_path_factory) -> RunResult:
+    # KL-PPO's 16 sequences a step are 8 per rank: verl asserts that a log-prob micro-batch (the task's 16) divides them
+    micro = [f"actor_rollout_ref.{role}.log_prob_micro_batch_size_per_gpu=8" for role in ("rollout", "ref")]
+    return _run(assets, tmp_path_factory, "kl_ppo_ws2", algo="kl_ppo", world_size=2, steps=4, extra=micro)
 
 
-@pytest.fixture(scope="module")
-def kl_ppo(assets, tmp_path_factory) -> RunResult:
-    return _run(assets, tmp_path_factory, "kl_ppo_ws1", algo="kl_ppo", world_size=1, steps=4)
-
-
-def test_grpo_world_size_2_splits_the_batch_and_keeps_rollout_and_actor_in_step(grpo_ws2):
-    assert_the_batch_is_split_over(grpo_ws2, ranks=2)
-    assert_rollout_is_the_actor(grpo_ws2)
+def test_the_batch_is_split_and_rollout_and_actor_stay_in_step(kl_ppo_ws2):
+    assert_the_batch_is_split_over(kl_ppo_ws2, ranks=2)
+    assert_rollout_is_the_actor(kl_ppo_ws2)
     # cpu_overrides.world_size(2): one hf server for both ranks, fed by rank 0
     assert_weight_sync_through_the_resharder(
-        grpo_ws2.log_path.parent / "weight_sync.jsonl", world_size=2, rollout_tp=2, steps=4
+        kl_ppo_ws2.log_path.parent / "weight_sync.jsonl", world_size=2, rollout_tp=2, steps=4
     )
 
 
-def test_kl_ppo_trains_the_critic_with_kl_to_the_reference(kl_ppo):
-    assert all(loss > 0 for loss in kl_ppo.series("critic/vf_loss"))
-    assert len(kl_ppo.series("critic/values/mean")) == 4
-    kl_loss, kl_penalty = kl_ppo.series("actor/kl_loss"), kl_ppo.series("actor/reward_kl_penalty")
+def test_kl_ppo_trains_the_critic_with_kl_to_the_reference(kl_ppo_ws2):
+    assert all(loss > 0 for loss in kl_ppo_ws2.series("critic/vf_loss"))
+    assert len(kl_ppo_ws2.series("critic/values/mean")) == 4
+    kl_loss, kl_penalty = kl_ppo_ws2.series("actor/kl_loss"), kl_ppo_ws2.series("actor/reward_kl_penalty")
     assert kl_loss[0] == pytest.approx(0, abs=1e-6), "step 1: the actor is the reference"
     # both grow from 0; the in-reward estimate (k1, a batch mean) can dip below 0 on one step
     assert kl_loss[-1] > 1e-4 and max(kl_penalty[1:]) > 1e-3, f"kl loss {kl_loss}, reward kl penalty {kl_penalty}"
-    assert_rollout_is_the_actor(kl_ppo)

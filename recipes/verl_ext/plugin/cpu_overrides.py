@@ -18,7 +18,7 @@ per conf option), :data:`ORIGINS` and :func:`world_size` are computed on first u
 seconds). :data:`GRPO_DEMO` and :data:`KL_PPO_DEMO` are the deltas of the two demo runs, and the demo's own settings
 (:data:`DEMO_RUN`: steps, logging, no checkpoints, the prompt order) are the only values kept here.
 
-Checked end to end by ``tests/e2e/test_verl_cpu.py`` (GRPO world size 2, KL-PPO with a critic), and against both
+Checked end to end by ``tests/e2e/test_verl_cpu.py`` (KL-PPO with a critic at world size 2), and against both
 recipes' resolved configs by ``tests/recipes/test_cpu_overrides_agree.py``.
 """
 
