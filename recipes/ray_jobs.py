@@ -211,7 +211,8 @@ def job_runtime_env(cfg: DictConfig, launch_dir: Path) -> dict:
 
 def job_demand(cfg: DictConfig, per_job: dict | None = None) -> dict[str, float]:
     """Resources one job holds while it runs: 1 CPU to validate or plan; to train, a GPU per rank (logical GPUs for
-    the CPU path) and verl's CPUs (3 per rank and 2 beside, + 2 for the job, or ray_kwargs.ray_init.num_cpus when the run declares it)."""
+    the CPU path) and verl's CPUs (3 per rank and 2 beside, + 2 for the job, or ray_kwargs.ray_init.num_cpus when the
+    run declares it)."""
     if per_job:
         return {str(k): float(v) for k, v in per_job.items()}
     if OmegaConf.select(cfg, "action") != "train":

@@ -132,7 +132,7 @@ def pytest_runtest_logreport(report):
 def pytest_terminal_summary(terminalreporter):
     over = sorted(((s, nodeid) for nodeid, s in _over.items() if s > SLOW_S), reverse=True)
     if over:
-        terminalreporter.write_sep("-", f"{len(over)} tests over {SLOW_S:g} s not marked slow (mark them or speed them up)")
+        terminalreporter.write_sep("-", f"{len(over)} tests over {SLOW_S:g} s not marked slow (mark or speed them up)")
         for seconds, nodeid in over:
             terminalreporter.write_line(f"{seconds:6.1f}s {nodeid}")
 
