@@ -110,12 +110,13 @@ ONE_DEVICE = {"cpu": ["cluster=cpu", "parallel=cpu", "model=tiny"],
 @pytest.mark.parametrize("where", ONE_DEVICE)
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_the_tiny_task_takes_fixed_batching_on_one_device(recipe, where):
-    """The tiny task's micro-batches divide its mini-batch per GPU (GRPO 8 prompts x 5, KL-PPO 8 x 1), as verl
-    requires with batching=fixed (on an H200, 2026-12-01, it was 16 against GRPO's 40: refused before the run)."""
+    """The tiny task's micro-batches divide its mini-batch per GPU (80 sequences: GRPO 16 prompts x 5, KL-PPO 80 x 1),
+    as verl requires with batching=fixed (on an H200, 2026-12-01, it was 16 against GRPO's 40: refused before the run)."""
     checked = validate(compose_recipe(recipe, ["task=tiny", "batching=fixed", "rollout=hf", *ONE_DEVICE[where]]))
     actor = checked.cfg.actor_rollout_ref.actor
     assert actor.use_dynamic_bsz is False
-    assert 8 * checked.cfg.actor_rollout_ref.rollout.n % actor.ppo_micro_batch_size_per_gpu == 0
+    per_gpu = actor.ppo_mini_batch_size * checked.cfg.actor_rollout_ref.rollout.n
+    assert per_gpu == 80 and per_gpu % actor.ppo_micro_batch_size_per_gpu == 0
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
