@@ -28,6 +28,12 @@ def _leftover(world_size, *degrees) -> int:
     return int(world_size) // product
 
 
+def _prompts_for(sequences, samples) -> int:
+    """Prompts a step for about ``sequences`` sequences at ``samples`` per prompt: sequences // samples, at least 1
+    (a count of samples that does not divide ``sequences`` gives the nearest batch below it)."""
+    return max(1, int(sequences) // max(1, int(samples)))
+
+
 def _megatron_only(strategy: str, degree) -> int:
     """A model-parallel degree that only Megatron trains with; verl's FSDP engines shard over all ranks instead."""
     return int(degree) if strategy == "megatron" else 1
@@ -73,6 +79,7 @@ def _asset(key: str) -> str:
 RESOLVERS = {
     "pack.leftover": _leftover,
     "pack.mul": lambda *xs: _product(xs),
+    "pack.prompts_for": _prompts_for,
     "pack.megatron_only": _megatron_only,
     "pack.token_budget": _token_budget,
     "pack.nccl_env": _nccl_env,

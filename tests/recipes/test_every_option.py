@@ -111,12 +111,20 @@ ONE_DEVICE = {"cpu": ["cluster=cpu", "parallel=cpu", "model=tiny"],
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_the_tiny_task_takes_fixed_batching_on_one_device(recipe, where):
     """The tiny task's micro-batches divide its mini-batch per GPU (80 sequences: GRPO 16 prompts x 5, KL-PPO 80 x 1),
-    as verl requires with batching=fixed (on an H200, 2026-12-01, it was 16 against GRPO's 40: refused before the run)."""
+    as verl requires with batching=fixed (on an H200, 2026-12-01, it was 16 against GRPO's 40: refused before the
+    run)."""
     checked = validate(compose_recipe(recipe, ["task=tiny", "batching=fixed", "rollout=hf", *ONE_DEVICE[where]]))
     actor = checked.cfg.actor_rollout_ref.actor
     assert actor.use_dynamic_bsz is False
     per_gpu = actor.ppo_mini_batch_size * checked.cfg.actor_rollout_ref.rollout.n
     assert per_gpu == 80 and per_gpu % actor.ppo_micro_batch_size_per_gpu == 0
+
+
+@pytest.mark.parametrize(("samples", "prompts"), [(5, 16), (1, 80), (3, 26), (7, 11), (100, 1)])
+def test_the_tiny_task_takes_about_80_sequences_whatever_the_samples_per_prompt(samples, prompts):
+    """80 // rollout.n prompts (pack.prompts_for): an n that does not divide 80 gets the nearest batch below it."""
+    cfg = compose_recipe("grpo", ["task=tiny", *ONE_DEVICE["cpu"], f"actor_rollout_ref.rollout.n={samples}"])
+    assert cfg.data.train_batch_size == prompts == cfg.actor_rollout_ref.actor.ppo_mini_batch_size
 
 
 @pytest.mark.parametrize("recipe", RECIPES)

@@ -53,8 +53,8 @@ def train(recipe_cli, workdir: Path, *overrides: str, steps: int, save_freq: int
 @pytest.fixture(scope="module")
 def guard_run(recipe_cli, tmp_path_factory) -> Run:
     return train(recipe_cli, tmp_path_factory.mktemp("guard"), "kl=adaptive", "actor_rollout_ref.actor.optim.lr=0.05",
-                 "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_epochs=2",
-                 steps=2, save_freq=2)
+                 "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                 "actor_rollout_ref.actor.ppo_epochs=2", steps=2, save_freq=2)
 
 
 @pytest.fixture(scope="module")
