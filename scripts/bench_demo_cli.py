@@ -1,12 +1,14 @@
 """The demo as a user runs it: ``python -m recipes.grpo`` (= ``make demo``), timed from the command to its exit.
 
-    python scripts/bench_demo_cli.py [--repeats 3] [--recipe grpo] [overrides ...]
+    python scripts/bench_demo_cli.py [--repeats 3] [--recipe grpo] [--out DIR] [overrides ...]
 
 Each run starts in a fresh scratch folder (the tiny assets are cached, built once before the clock starts). Prints,
 per run and as medians: the wall time; the start-up (from the command until verl's first step begins: Python,
 composition and validation, Ray, verl's workers; the first progress line's time less that step's own
 ``timing_s/step``); the steps (the sum of ``timing_s/step``); the rest (after the last step: checkpoint, plot, Ray
-shutdown); the start-up's share of the wall time; and the number of lines the terminal showed.
+shutdown); the start-up's share of the wall time; and the number of lines the terminal showed. ``--out DIR`` keeps
+every run's figures, the environment (load average at the start included) and the printed lines
+(``scripts/_raw_output.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from _raw_output import RawOutput  # noqa: E402
 
 
 def one_run(recipe: str, overrides: list[str]) -> dict:
@@ -50,8 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default="grpo", choices=("grpo", "kl_ppo"))
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, help="keep the raw output here (JSON and the printed lines)")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
+    raw = RawOutput(args.out, "bench_demo_cli")
     sys.path.insert(0, str(ROOT))
     from recipes.verl_ext.demo import ensure_tiny_assets  # the cached assets, outside the clock
 
@@ -59,10 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for n in range(args.repeats):
         runs.append(one_run(args.recipe, args.overrides))
-        print(f"run {n + 1}: " + "  ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
-                                            for k, v in runs[-1].items()), flush=True)
-    print(f"median of {args.repeats}: " + "  ".join(
-        f"{key} {statistics.median(r[key] for r in runs):.2f}" for key in runs[0] if key != "steps"))
+        raw.print(f"run {n + 1}: " + "  ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+                                                for k, v in runs[-1].items()))
+    medians = {key: statistics.median(r[key] for r in runs) for key in runs[0] if key != "steps"}
+    raw.print(f"median of {args.repeats}: " + "  ".join(f"{key} {value:.2f}" for key, value in medians.items()))
+    raw.write({"recipe": args.recipe, "overrides": args.overrides, "runs": runs, "medians": medians})
     return 0
 
 
