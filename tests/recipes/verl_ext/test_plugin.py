@@ -626,6 +626,7 @@ def test_verls_task_runner_prints_the_config_redacted(capsys):
     assert "'prompt_key': 'prompt'" in out and "'project_name': 'p'" in out
 
 
+@pytest.mark.slow  # a child process: verl's own entry point
 def test_verls_own_cli_still_starts_with_the_plugin_loaded(tmp_path):
     """``python -m verl.trainer.main_ppo`` runs its module through runpy (the loader's get_code), which the plugin's
     import hook must pass through."""
@@ -658,9 +659,8 @@ def test_the_replay_buffer_polls_at_the_configured_interval():
 
 
 @pytest.mark.parametrize(("cluster", "interval"), [([], 0.02), (["cluster=h100_80g"], 0.1)], ids=["cpu", "gpu"])
-def test_the_recipes_set_the_poll_interval(tmp_path, cluster, interval):
-    argv = [sys.executable, "-m", "recipes.grpo", *cluster, "action=validate", f"hydra.run.dir={tmp_path}"]
-    run = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+def test_the_recipes_set_the_poll_interval(tmp_path, cluster, interval, recipe_main):
+    run = recipe_main("grpo", *cluster, "action=validate", f"hydra.run.dir={tmp_path}", cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
     resolved = OmegaConf.load(tmp_path / "resolved_config.yaml")
     assert resolved.trainer.v1.sampler.sampler_kwargs.poll_interval == interval
