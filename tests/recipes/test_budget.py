@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
+import tempfile
 
 import pytest
 
 from recipes.compose import compose_recipe
+from tests.conftest import run_recipe_main
 
 H200 = ["model=qwen2_5_0_5b", "cluster=h200_141g", "cluster.gpus_per_node=1", "parallel=tp1"]
 SEQ = 512 + 1024  # the grpo recipe's data.max_prompt_length + data.max_response_length
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "recipes.grpo", *args], capture_output=True, text=True, timeout=300)
+    """``python -m recipes.grpo *args``, run in-process (tests.conftest.run_recipe_main) in a scratch folder."""
+    with tempfile.TemporaryDirectory() as scratch:
+        return run_recipe_main("grpo", *args, cwd=scratch)
 
 
 @pytest.fixture(scope="module")
