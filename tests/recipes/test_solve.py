@@ -9,6 +9,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from recipes.defaults import embedded_defaults
 from recipes.plan import cluster_spec, make_plan, plan_settings
 from recipes.solve import solve_run
 from recipes.validate import check, validate
+from tests.conftest import run_recipe_main
 from tests.readme import check_block
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,6 +102,12 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
+def _main(module: str, *args: str) -> subprocess.CompletedProcess:
+    """:func:`_cli`'s command line run in-process (tests.conftest.run_recipe_main) in a scratch folder."""
+    with tempfile.TemporaryDirectory() as scratch:
+        return run_recipe_main(module.removeprefix("recipes."), *args, cwd=scratch)
+
+
 @pytest.fixture(scope="module")
 def done_when():
     return _cli("recipes.kl_ppo", *DONE_WHEN)
@@ -145,7 +153,7 @@ def test_a_printed_command_validates_in_a_subprocess(done_when):
 
 
 def test_json_carries_the_same_layouts_and_commands(done_when):
-    result = _cli("recipes.kl_ppo", *DONE_WHEN, "plan.format=json")
+    result = _main("recipes.kl_ppo", *DONE_WHEN, "plan.format=json")
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     assert [row["command"] for row in document["candidates"]] == [c for _, _, c in _ranked(done_when.stdout)]
@@ -158,7 +166,7 @@ def test_json_carries_the_same_layouts_and_commands(done_when):
 
 
 def test_nothing_fits_is_one_line_with_the_shortfall_and_exit_2():
-    result = _cli("recipes.grpo", "model=llama3_1_70b", "cluster.gpus_per_node=2", "action=plan", "plan.solve=true")
+    result = _main("recipes.grpo", "model=llama3_1_70b", "cluster.gpus_per_node=2", "action=plan", "plan.solve=true")
     assert result.returncode == 2
     assert result.stdout == ""
     errors = [line for line in result.stderr.splitlines() if line.startswith("config error")]
@@ -182,6 +190,6 @@ def test_plan_solve_is_a_gpu_request_only_with_action_plan():
 
 
 def test_a_bad_plan_solve_value_is_one_line_and_exit_2():
-    result = _cli("recipes.grpo", "action=plan", "plan.solve=maybe")
+    result = _main("recipes.grpo", "action=plan", "plan.solve=maybe")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1] == "config error: plan.solve: expected a boolean, got 'maybe'"
