@@ -201,6 +201,7 @@ def test_dynamic_batch_on_gpu_tiny(tmp_path):
     assert result["log_prob_agreement"]["max_abs_diff"] < 0.1
 
 
+@pytest.mark.slow  # child processes
 def test_micro_batch_benchmark_runs_every_arm_at_every_size(tmp_path):
     """scripts/gpu/bench_micro_batch.py on the tiny shape on the CPU: every arm at both sizes, its table on stdout,
     the same figures in its JSON."""

@@ -171,6 +171,7 @@ def test_auto_budget_speed_up_recorded(record):
     assert speed["auto"]["ppo_max_token_len_per_gpu"] > 16 * seq
 
 
+@pytest.mark.slow  # child processes
 def test_bench_memory_records_the_micro_batches_verl_formed(tmp_path):
     """The benchmark's logic on the CPU (tiny model): each pass records its micro-batches; a dynamic one never holds
     more real tokens than its budget, a fixed one computes its padding (count x longest)."""

@@ -7,10 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu" / "random_model.py"
 
 
+@pytest.mark.slow  # child processes
 def test_builds_the_shipped_shape_once_with_a_tokenizer_whose_ids_it_covers(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -43,6 +43,7 @@ def test_copy_every_option(tmp_path):
         copy_recipe("kl_ppo", dest)
 
 
+@pytest.mark.slow  # child processes
 def test_copied_recipe_composes_and_validates_from_its_folder(tmp_path):
     """Run the copy's entry point from its folder: it reads its own conf/ (an edit there shows in the result)."""
     dest = tmp_path / "rl"
@@ -63,6 +64,7 @@ def test_copied_recipe_composes_and_validates_from_its_folder(tmp_path):
     assert "kl=adaptive: no such option; choose from fixed" in proc.stderr
 
 
+@pytest.mark.slow  # child processes
 def test_copy_with_choices_rewrites_the_defaults(tmp_path):
     dest = tmp_path / "rl"
     assert main(["grpo", str(dest), "--only-used", "parallel=tp8", "strategy=megatron", "nccl=ib"]) == 0

@@ -127,6 +127,7 @@ def test_the_tiny_task_takes_about_80_sequences_whatever_the_samples_per_prompt(
     assert cfg.data.train_batch_size == prompts == cfg.actor_rollout_ref.actor.ppo_mini_batch_size
 
 
+@pytest.mark.slow  # child processes
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_the_embedded_default_with_fixed_batching_validates_on_the_command_line(recipe, tmp_path):
     import subprocess

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from datetime import datetime, timedelta
 
+import pytest
+
 from recipes.rundir import release, reserve
 from tests.conftest import checkout_env
 
@@ -52,6 +54,7 @@ def test_a_taken_name_gets_the_next_suffix_through_the_cli(tmp_path, recipe_main
     assert f"written to {written[0]}" in proc.stdout
 
 
+@pytest.mark.slow  # child processes
 def test_two_runs_started_together_never_share_a_folder(tmp_path):
     command = [sys.executable, "-m", "recipes.grpo", "action=validate"]
     procs = [subprocess.Popen(command, cwd=tmp_path, env=checkout_env(), stdout=subprocess.PIPE,

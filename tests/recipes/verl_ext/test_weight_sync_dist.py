@@ -133,6 +133,9 @@ def _sync(rank: int, world: int, log_path: str) -> list[dict]:
     return results
 
 
+pytestmark = pytest.mark.slow  # two gloo processes, each importing verl and torch
+
+
 @pytest.fixture(scope="module")
 def synced(tmp_path_factory):
     log = tmp_path_factory.mktemp("weight_sync") / "weight_sync.jsonl"
