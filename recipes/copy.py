@@ -129,6 +129,11 @@ def copy_recipe(recipe: str, dest: str | Path, *, only_used: bool = False, choic
     for extra in ("__init__.py",):
         if (source / extra).is_file():
             shutil.copy2(source / extra, target_conf / extra)
+    # shared folders the groups include by name (conf/_schedule/: a model's schedule in each engine's keys), whole
+    shared = [p for p in source.iterdir() if p.is_dir() and p.name.startswith("_") and p.name != "__pycache__"]
+    for folder in sorted(shared):
+        shutil.copytree(folder, target_conf / folder.name, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__"))
 
     version, sha = _source_origin()
     origin = f"klppo-recipes {version}" + (f", git {sha[:12]}" if sha else "")

@@ -90,13 +90,21 @@ def run_recipe(recipe: str, argv: list[str] | None = None) -> None:
     if has_hydra_flags(argv):
         for line in notices:
             print(line, file=sys.stderr)
-        sys.argv = [hydra_argv0] + argv + added
+        sys.argv = [hydra_argv0] + with_overrides(argv, added)
         hydra.main(config_path=str(conf_dir()), config_name=recipe, version_base=None)(execute)()
         return
     try:
         run_single(recipe, argv + added, notices)
     except ConfigError as error:
         exit_with(error)
+
+
+def with_overrides(argv: list[str], added: list[str]) -> list[str]:
+    """``argv`` with ``added`` just before its first override (``key=value``, not a flag): Hydra's parser takes the
+    overrides as one run of positional arguments, so ``strategy=fsdp --cfg job`` plus the embedded defaults appended
+    after ``job`` was "unrecognized arguments"."""
+    first = next((i for i, arg in enumerate(argv) if "=" in arg and not arg.startswith("-")), len(argv))
+    return argv[:first] + added + argv[first:]
 
 
 def invoked_as(recipe: str) -> str:

@@ -79,6 +79,7 @@ def _asset(key: str) -> str:
 RESOLVERS = {
     "pack.leftover": _leftover,
     "pack.mul": lambda *xs: _product(xs),
+    "pack.scale": lambda value, factor: float(value) * float(factor),
     "pack.prompts_for": _prompts_for,
     "pack.megatron_only": _megatron_only,
     "pack.token_budget": _token_budget,

@@ -117,3 +117,21 @@ def test_entry_command(monkeypatch, tmp_path):
     monkeypatch.setenv(CONF_DIR_ENV, str(tmp_path / "rl" / "conf"))
     monkeypatch.chdir(tmp_path)
     assert entry_command("grpo") == ["python", str(Path("rl") / "grpo.py")]
+
+
+def test_a_copy_keeps_the_tiny_models_schedule_on_both_engines(tmp_path):
+    """conf/_schedule/ (included by strategy/ through ``${model}``) travels with a copy, even with --only-used."""
+    from recipes.compose import compose_recipe
+
+    dest = tmp_path / "rl"
+    copy_recipe("grpo", dest, only_used=True)
+    assert sorted(p.name for p in (dest / "conf" / "_schedule").glob("*.yaml")) == sorted(
+        p.name for p in (ROOT / "conf" / "_schedule").glob("*.yaml"))
+    fsdp = compose_recipe("grpo", ["model=tiny", "cluster=cpu", "parallel=cpu"]).actor_rollout_ref.actor.optim
+    assert (fsdp.lr_scheduler_type, fsdp.min_lr_ratio) == ("cosine", 0.2)
+    mega = compose_recipe("grpo", ["model=tiny", "strategy=megatron", "parallel=tp1", "cluster=h200_141g",
+                                   "cluster.gpus_per_node=1"]).actor_rollout_ref.actor.optim
+    assert mega.lr_decay_style == "cosine" and mega.min_lr == pytest.approx(0.2 * mega.lr)
+    assert "lr_scheduler_type" not in mega  # Megatron's optimizer config refuses FSDP's keys
+    other = compose_recipe("grpo", ["model=qwen2_5_0_5b", "parallel=tp1"]).actor_rollout_ref.actor.optim
+    assert other.lr_scheduler_type == "constant"  # verl's own, where a model has no schedule of its own

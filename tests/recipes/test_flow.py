@@ -115,3 +115,21 @@ def test_machine_readable_output_is_only_data_on_stdout(tmp_path, recipe_cli):
     plan = recipe_cli("grpo", "parallel=tp2", "action=plan", "plan.format=json", cwd=tmp_path)
     assert plan.returncode == 0, plan.stderr[-2000:]
     assert json.loads(plan.stdout)["fits"] is True
+
+
+def test_an_override_before_a_hydra_flag_keeps_the_embedded_defaults_beside_it(tmp_path, recipe_main):
+    """``strategy=fsdp --cfg job``: the embedded CPU defaults go in beside the typed overrides (after ``job`` Hydra's
+    parser refused them: "unrecognized arguments")."""
+    from recipes.launch import with_overrides
+
+    assert with_overrides(["strategy=fsdp", "--cfg", "job"], ["model=tiny"]) == [
+        "model=tiny", "strategy=fsdp", "--cfg", "job"]
+    assert with_overrides(["--cfg", "job", "strategy=fsdp"], ["model=tiny"]) == [
+        "--cfg", "job", "model=tiny", "strategy=fsdp"]
+    assert with_overrides(["-m", "--cfg", "job"], ["model=tiny"]) == ["-m", "--cfg", "job", "model=tiny"]
+    import yaml
+
+    job = recipe_main("grpo", "strategy=fsdp", "--cfg", "job", cwd=tmp_path)
+    assert job.returncode == 0, job.stderr[-2000:]
+    cfg = yaml.safe_load(job.stdout)
+    assert cfg["strategy"]["name"] == "fsdp" and cfg["model"]["name"] == "tiny"
