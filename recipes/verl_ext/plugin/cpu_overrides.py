@@ -141,7 +141,25 @@ def _file_values(path: Path) -> list[tuple[dict, Path]]:
             parts.append((own, path))
         elif isinstance(entry, str) and (path.parent / f"{entry}.yaml").is_file():
             parts.extend(_file_values(path.parent / f"{entry}.yaml"))
+        elif isinstance(entry, dict) and (shared := _shared_file(entry)) is not None:
+            parts.extend(_file_values(shared))
     return parts
+
+
+_SHARED = re.compile(r"^(?:optional )?/(_\w+)@_global_$")
+_CHOICE = re.compile(r"\$\{(\w+)\}")
+
+
+def _shared_file(entry: dict) -> Path | None:
+    """The file of a shared folder an option includes by a group's choice (strategy/fsdp2.yaml's
+    ``optional /_schedule@_global_: fsdp_${model}``), with the embedded default's choices; None where there is none."""
+    ((key, value),) = entry.items()
+    match = _SHARED.match(str(key))
+    if not match or value is None:
+        return None
+    name = _CHOICE.sub(lambda m: EMBEDDED_DEFAULTS.get(m.group(1), m.group(0)), str(value))
+    path = conf_dir() / match.group(1) / f"{name}.yaml"
+    return path if path.is_file() else None
 
 
 def _leaves(values: dict, prefix: str = ""):
