@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 
 from hydra.core.hydra_config import HydraConfig
@@ -28,10 +29,14 @@ def _leftover(world_size, *degrees) -> int:
     return int(world_size) // product
 
 
-def _prompts_for(sequences, samples) -> int:
+def _prompts_for(sequences, samples, ranks=1) -> int:
     """Prompts a step for about ``sequences`` sequences at ``samples`` per prompt: sequences // samples, at least 1
-    (a count of samples that does not divide ``sequences`` gives the nearest batch below it)."""
-    return max(1, int(sequences) // max(1, int(samples)))
+    (a count of samples that does not divide ``sequences`` gives the nearest batch below it), rounded down so that
+    the step's sequences split over ``ranks`` data-parallel ranks as verl requires (50 sequences at 5 samples on 8
+    ranks: 8 prompts, 40 sequences; at least the smallest count that splits)."""
+    samples, ranks = max(1, int(samples)), max(1, int(ranks))
+    step = ranks // math.gcd(samples, ranks)
+    return max(step, max(1, int(sequences) // samples) // step * step)
 
 
 def _megatron_only(strategy: str, degree) -> int:

@@ -110,21 +110,36 @@ ONE_DEVICE = {"cpu": ["cluster=cpu", "parallel=cpu", "model=tiny"],
 @pytest.mark.parametrize("where", ONE_DEVICE)
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_the_tiny_task_takes_fixed_batching_on_one_device(recipe, where):
-    """The tiny task's micro-batches divide its mini-batch per GPU (80 sequences: GRPO 16 prompts x 5, KL-PPO 80 x 1),
+    """The tiny task's micro-batches divide its mini-batch per GPU (50 sequences: GRPO 10 prompts x 5, KL-PPO 50 x 1),
     as verl requires with batching=fixed (on an H200, 2026-12-01, it was 16 against GRPO's 40: refused before the
     run)."""
     checked = validate(compose_recipe(recipe, ["task=tiny", "batching=fixed", "rollout=hf", *ONE_DEVICE[where]]))
     actor = checked.cfg.actor_rollout_ref.actor
     assert actor.use_dynamic_bsz is False
     per_gpu = actor.ppo_mini_batch_size * checked.cfg.actor_rollout_ref.rollout.n
-    assert per_gpu == 80 and per_gpu % actor.ppo_micro_batch_size_per_gpu == 0
+    assert per_gpu == 50 and per_gpu % actor.ppo_micro_batch_size_per_gpu == 0
+    # and the log-prob passes' (50 against 16: 'data size must be divisible by force_group_size *
+    # micro_batch_size_per_gpu' at the first step, 2026-12-04)
+    assert per_gpu % checked.cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu == 0
+    assert per_gpu % checked.cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu == 0
 
 
-@pytest.mark.parametrize(("samples", "prompts"), [(5, 16), (1, 80), (3, 26), (7, 11), (100, 1)])
-def test_the_tiny_task_takes_about_80_sequences_whatever_the_samples_per_prompt(samples, prompts):
-    """80 // rollout.n prompts (pack.prompts_for): an n that does not divide 80 gets the nearest batch below it."""
+@pytest.mark.parametrize(("samples", "prompts"), [(5, 10), (1, 50), (3, 16), (7, 7), (100, 1)])
+def test_the_tiny_task_takes_about_50_sequences_whatever_the_samples_per_prompt(samples, prompts):
+    """50 // rollout.n prompts (pack.prompts_for): an n that does not divide 50 gets the nearest batch below it."""
     cfg = compose_recipe("grpo", ["task=tiny", *ONE_DEVICE["cpu"], f"actor_rollout_ref.rollout.n={samples}"])
     assert cfg.data.train_batch_size == prompts == cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+
+
+@pytest.mark.parametrize(("samples", "ranks", "prompts"), [(5, 1, 10), (5, 8, 8), (1, 8, 48), (3, 8, 16), (5, 16, 16),
+                                                        (100, 8, 2), (5, 0, 10)])
+def test_the_tiny_task_s_prompts_split_over_the_data_parallel_ranks(samples, ranks, prompts):
+    """pack.prompts_for rounds down to a batch that splits over the ranks (50 at 5 samples on 8 GPUs: 50 % 8 = 2 was
+    refused by validation, 2026-12-04); an invalid layout (dp -1 or 0) counts as one rank."""
+    from recipes.resolvers import _prompts_for
+
+    assert _prompts_for(50, samples, ranks) == prompts
+    assert prompts * samples % max(1, ranks) == 0
 
 
 @pytest.mark.slow  # child processes
