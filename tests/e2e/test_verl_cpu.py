@@ -45,10 +45,10 @@ def assets():
     return ensure_tiny_assets()
 
 
-def _run(assets, tmp_path_factory, name: str, *, algo: str, world_size: int, steps: int, extra=()) -> RunResult:
+def _run(assets, tmp_path_factory, name: str, *, algo: str, world_size: int, steps: int) -> RunResult:
     workdir = tmp_path_factory.mktemp(name)
     result = run_main_ppo(
-        demo_overrides(assets, algo=algo, world_size=world_size, steps=steps, extra=extra),
+        demo_overrides(assets, algo=algo, world_size=world_size, steps=steps),
         workdir=workdir,
         # the checkout first on the path, as for the recipes' runs (an installed copy of the pack may be older)
         env={SYNC_LOG_ENV: str(workdir / "weight_sync.jsonl"), "PYTHONPATH": str(ROOT)},
@@ -63,9 +63,7 @@ def _run(assets, tmp_path_factory, name: str, *, algo: str, world_size: int, ste
 
 @pytest.fixture(scope="module")
 def kl_ppo_ws2(assets, tmp_path_factory) -> RunResult:
-    # KL-PPO's 16 sequences a step are 8 per rank: verl asserts that a log-prob micro-batch (the task's 16) divides them
-    micro = [f"actor_rollout_ref.{role}.log_prob_micro_batch_size_per_gpu=8" for role in ("rollout", "ref")]
-    return _run(assets, tmp_path_factory, "kl_ppo_ws2", algo="kl_ppo", world_size=2, steps=4, extra=micro)
+    return _run(assets, tmp_path_factory, "kl_ppo_ws2", algo="kl_ppo", world_size=2, steps=4)
 
 
 def test_the_batch_is_split_and_rollout_and_actor_stay_in_step(kl_ppo_ws2):

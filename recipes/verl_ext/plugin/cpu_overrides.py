@@ -85,8 +85,11 @@ GRPO_DEMO: dict[str, Any] = {
     "algorithm.adv_estimator": "grpo",
     # GRPO's baseline is the group mean: no critic (said explicitly, verl warns when it has to infer it).
     "critic.enable": False,
-    # GRPO's group: 4 samples per prompt.
+    # GRPO's group: 4 samples per prompt (the task's 10 prompts: 40 sequences a step; log-prob passes in 10s, which
+    # divide each rank's share on one or two ranks, as verl's fixed micro-batches must).
     "actor_rollout_ref.rollout.n": 4,
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 10,
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 10,
     "actor_rollout_ref.actor.use_kl_loss": False,
     "algorithm.use_kl_in_reward": False,
 }
@@ -101,9 +104,13 @@ KL_PPO_DEMO: dict[str, Any] = {
     "algorithm.kl_ctrl.kl_coef": 0.01,
     "actor_rollout_ref.actor.use_kl_loss": True,
     "actor_rollout_ref.actor.kl_loss_coef": 0.01,
-    "data.train_batch_size": 16,
-    "actor_rollout_ref.actor.ppo_mini_batch_size": 16,
-    "critic.ppo_mini_batch_size": 16,
+    # 20 prompts a step, one mini-batch; with the task's micro-batches of 10 and log-prob passes in 10s (verl's fixed
+    # micro-batches must divide each rank's share: 20 on one rank, 10 on two)
+    "data.train_batch_size": 20,
+    "actor_rollout_ref.actor.ppo_mini_batch_size": 20,
+    "critic.ppo_mini_batch_size": 20,
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 10,
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 10,
 }
 
 
