@@ -83,7 +83,8 @@ def test_sweep_of_validate_and_cpu_training(ray_cluster, tmp_path, recipe_cli):
 def test_sweep_reports_failures_and_completes_the_others(ray_cluster, tmp_path, recipe_cli):
     """4 jobs: one succeeds, one fails on the cluster (exit 127), two fail validation here and are not submitted."""
     proc = recipe_cli("grpo", "-m", "launcher=ray", f"launcher.address={ray_cluster.address}", "launcher.upload=false",
-                      *CPU, "action=validate", "data.train_batch_size=8,7", "launcher.python=python,no_such_python",
+                      *CPU, "action=validate", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                      "data.train_batch_size=8,7", "launcher.python=python,no_such_python",
                       cwd=tmp_path, timeout=900)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-4000:]
