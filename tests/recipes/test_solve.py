@@ -125,6 +125,7 @@ def _ranked(stdout: str) -> list[tuple[int, float, str]]:
     return out
 
 
+@pytest.mark.slow  # a child process (the done_when fixture, or its own)
 def test_the_cli_prints_five_ranked_layouts_with_their_commands(done_when):
     assert done_when.returncode == 0, done_when.stderr
     assert "Traceback" not in done_when.stderr
@@ -142,6 +143,7 @@ def test_the_cli_prints_five_ranked_layouts_with_their_commands(done_when):
         assert gap == pytest.approx(step - ranked[0][1], abs=0.11)
 
 
+@pytest.mark.slow  # a child process (the done_when fixture, or its own)
 def test_a_printed_command_validates_in_a_subprocess(done_when):
     ranked = _ranked(done_when.stdout)
     megatron = [command for _, _, command in ranked if "strategy=megatron" in command]
@@ -177,6 +179,7 @@ def test_nothing_fits_is_one_line_with_the_shortfall_and_exit_2():
     assert errors[0].startswith("config error: plan.solve: no layout of llama3_1_70b fits 1x2 h100_80g")
 
 
+@pytest.mark.slow  # a child process (the done_when fixture, or its own)
 def test_the_readme_shows_what_the_search_prints(done_when):
     lines = done_when.stdout.rstrip("\n").splitlines()
     check_block("<!-- solve output: tests/recipes/test_solve.py -->", "<!-- end of solve output -->",
