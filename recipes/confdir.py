@@ -59,6 +59,11 @@ def pack_groups() -> list[str]:
     return sorted(p.name for p in conf_dir().iterdir() if p.is_dir() and not _private(p.name))
 
 
+def shared_folders() -> list[Path]:
+    """The folders of conf/ that options include by name and that are no group (conf/_schedule/)."""
+    return sorted(p for p in conf_dir().iterdir() if p.is_dir() and _private(p.name) and p.name != "__pycache__")
+
+
 def config_defaults(path: Path) -> list:
     """The raw defaults list of one config file (empty when it has none)."""
     loaded = yaml.load(path.read_text(), Loader=_Loader)  # plain YAML: a defaults list holds no interpolations

@@ -22,7 +22,15 @@ from importlib import metadata
 from pathlib import Path
 
 from recipes.compose import RECIPES
-from recipes.confdir import CONF_DIR_ENV, conf_dir, group_options, included_files, pack_groups, recipe_defaults
+from recipes.confdir import (
+    CONF_DIR_ENV,
+    conf_dir,
+    group_options,
+    included_files,
+    pack_groups,
+    recipe_defaults,
+    shared_folders,
+)
 from recipes.defaults import EMBEDDED_DEFAULTS
 from recipes.gitstate import git_state
 
@@ -130,8 +138,7 @@ def copy_recipe(recipe: str, dest: str | Path, *, only_used: bool = False, choic
         if (source / extra).is_file():
             shutil.copy2(source / extra, target_conf / extra)
     # shared folders the groups include by name (conf/_schedule/: a model's schedule in each engine's keys), whole
-    shared = [p for p in source.iterdir() if p.is_dir() and p.name.startswith("_") and p.name != "__pycache__"]
-    for folder in sorted(shared):
+    for folder in shared_folders():
         shutil.copytree(folder, target_conf / folder.name, dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("__pycache__"))
 

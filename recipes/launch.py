@@ -42,7 +42,7 @@ from recipes.errors import ConfigError, exit_with, report
 from recipes.finalize import finalize
 from recipes.help import SCRIPTS, help_topic, print_help
 from recipes.needs import column_problems, engine_notes, machine_notes, train_problems
-from recipes.overrides import has_hydra_flags
+from recipes.overrides import has_hydra_flags, with_overrides
 from recipes.ray_jobs import preflight, submit_from_hydra
 from recipes.resolvers import register_resolvers
 from recipes.resume import plan_resume
@@ -97,14 +97,6 @@ def run_recipe(recipe: str, argv: list[str] | None = None) -> None:
         run_single(recipe, argv + added, notices)
     except ConfigError as error:
         exit_with(error)
-
-
-def with_overrides(argv: list[str], added: list[str]) -> list[str]:
-    """``argv`` with ``added`` just before its first override (``key=value``, not a flag): Hydra's parser takes the
-    overrides as one run of positional arguments, so ``strategy=fsdp --cfg job`` plus the embedded defaults appended
-    after ``job`` was "unrecognized arguments"."""
-    first = next((i for i, arg in enumerate(argv) if "=" in arg and not arg.startswith("-")), len(argv))
-    return argv[:first] + added + argv[first:]
 
 
 def invoked_as(recipe: str) -> str:

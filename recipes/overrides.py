@@ -23,3 +23,11 @@ def chosen_keys(argv: list[str]) -> set[str]:
 def has_hydra_flags(argv: list[str]) -> bool:
     """True when Hydra itself must read the command line (``-m``, ``--cfg job``, ``--help``, ``-sc ...``)."""
     return any(arg.startswith("-") for arg in argv)
+
+
+def with_overrides(argv: list[str], added: list[str]) -> list[str]:
+    """``argv`` with ``added`` just before its first override (not a flag): Hydra's parser takes the overrides as one
+    run of positional arguments, so ``strategy=fsdp --cfg job`` plus the embedded defaults appended after ``job`` was
+    "unrecognized arguments"."""
+    first = next((i for i, arg in enumerate(argv) if override_key(arg) is not None), len(argv))
+    return argv[:first] + added + argv[first:]

@@ -120,7 +120,7 @@ def test_machine_readable_output_is_only_data_on_stdout(tmp_path, recipe_cli):
 def test_an_override_before_a_hydra_flag_keeps_the_embedded_defaults_beside_it(tmp_path, recipe_main):
     """``strategy=fsdp --cfg job``: the embedded CPU defaults go in beside the typed overrides (after ``job`` Hydra's
     parser refused them: "unrecognized arguments")."""
-    from recipes.launch import with_overrides
+    from recipes.overrides import with_overrides
 
     assert with_overrides(["strategy=fsdp", "--cfg", "job"], ["model=tiny"]) == [
         "model=tiny", "strategy=fsdp", "--cfg", "job"]
