@@ -117,7 +117,7 @@ def test_machine_readable_output_is_only_data_on_stdout(tmp_path, recipe_cli):
     assert json.loads(plan.stdout)["fits"] is True
 
 
-def test_an_override_before_a_hydra_flag_keeps_the_embedded_defaults_beside_it(tmp_path, recipe_main):
+def test_an_override_before_a_hydra_flag_keeps_the_embedded_defaults_beside_it(tmp_path, recipe_cli):
     """``strategy=fsdp --cfg job``: the embedded CPU defaults go in beside the typed overrides (after ``job`` Hydra's
     parser refused them: "unrecognized arguments")."""
     from recipes.overrides import with_overrides
@@ -129,7 +129,7 @@ def test_an_override_before_a_hydra_flag_keeps_the_embedded_defaults_beside_it(t
     assert with_overrides(["-m", "--cfg", "job"], ["model=tiny"]) == ["-m", "--cfg", "job", "model=tiny"]
     import yaml
 
-    job = recipe_main("grpo", "strategy=fsdp", "--cfg", "job", cwd=tmp_path)
+    job = recipe_cli("grpo", "strategy=fsdp", "--cfg", "job", cwd=tmp_path)  # as a user types it
     assert job.returncode == 0, job.stderr[-2000:]
     cfg = yaml.safe_load(job.stdout)
     assert cfg["strategy"]["name"] == "fsdp" and cfg["model"]["name"] == "tiny"
