@@ -1,6 +1,8 @@
 # klppo-recipes: `make help` lists the targets.
 SHELL := /bin/bash
 PYTHON ?= python
+# pytest-xdist workers for test and test-fast: the training runs go to one of them, one after another (tests/conftest.py)
+PYTEST_WORKERS ?= 2
 
 .PHONY: help install demo test test-fast test-cluster lint lock bench-plan
 
@@ -14,11 +16,11 @@ install:  ## install the pack for CPU (torch 2.13.0 CPU wheel, pinned deps, dev 
 demo:  ## the embedded CPU demo: python -m recipes.grpo (verl's trainer, tiny model, no GPU)
 	$(PYTHON) -m recipes.grpo
 
-test:  ## the whole test suite, end-to-end CPU training included (what CI runs); prints the 15 slowest tests
-	$(PYTHON) -m pytest -q --durations=15
+test:  ## the whole test suite, end-to-end CPU training included (what CI runs), on 2 workers; the 15 slowest tests
+	$(PYTHON) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=15
 
 test-fast:  ## the tests under 5 s each (no training, no child processes, no Ray): marker slow left out
-	$(PYTHON) -m pytest -q -m "not slow"
+	$(PYTHON) -m pytest -q -n $(PYTEST_WORKERS) -m "not slow"
 
 test-cluster:  ## the tests that start a local Ray cluster on 127.0.0.1 (Ray Jobs, sweeps, NCCL env in a worker)
 	$(PYTHON) -m pytest -q -m ray tests/cluster

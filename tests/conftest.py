@@ -137,11 +137,19 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(f"{seconds:6.1f}s {nodeid}")
 
 
+TRAINING_GROUP = "training"
+"""The pytest-xdist group (``--dist loadgroup``, ``make test``) of every test that trains or starts Ray: they run one
+after another on one worker, while the other worker takes the rest. Two trainings at once on 2 cores would only slow
+each other (each keeps ~1.4 cores busy) and make the timing of the signal tests (Ctrl-C at step 3) looser."""
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if "recipe_cli" in getattr(item, "fixturenames", ()) or any(
-                item.get_closest_marker(name) for name in ("e2e", "ray")):
+        trains = any(item.get_closest_marker(name) for name in ("e2e", "ray"))
+        if trains or "recipe_cli" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+        if trains:
+            item.add_marker(pytest.mark.xdist_group(TRAINING_GROUP))
     try:
         import torch
 

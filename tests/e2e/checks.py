@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 
 from recipes.verl_ext.plugin.weight_sync import read_sync_log
@@ -13,6 +15,19 @@ SYNCED_GAP = 1e-5
 DIFF_MAX = "training/rollout_probs_diff_max"
 DIFF_MEAN = "training/rollout_probs_diff_mean"
 ROLLOUT_KL = "rollout_corr/kl"
+
+
+@dataclass
+class Run:
+    """A recipe's training run as a user sees it: the terminal's two streams, the run folder, one dict per step."""
+
+    stdout: str
+    stderr: str
+    run_dir: Path
+    metrics: list[dict]
+
+    def series(self, key: str) -> list[float]:
+        return [m[key] for m in self.metrics if key in m]
 
 
 def assert_rollout_is_the_actor(result) -> None:
@@ -34,11 +49,13 @@ def assert_the_batch_is_split_over(result, ranks: int) -> None:
     assert all(norm > 0 for norm in result.series("actor/grad_norm"))
 
 
-def assert_weight_sync_through_the_resharder(log: Path, *, world_size: int, rollout_tp: int, steps: int) -> None:
+def assert_weight_sync_through_the_resharder(log: Path | list[dict], *, world_size: int, rollout_tp: int,
+                                             steps: int) -> None:
     """Every weight sync (one before step 1, one after each step) ran through the resharder on every rank: the
     bytes counted at its collectives equal the planner's; a rank that feeds a rollout server received what it lacked
-    of the model, any other rank nothing."""
-    records = read_sync_log(log)
+    of the model, any other rank nothing. ``log``: the run's weight_sync.jsonl, or some of its records (one launch's
+    of a resumed run)."""
+    records = read_sync_log(log) if isinstance(log, Path) else log
     assert records, f"no weight sync was logged in {log}"
     syncs = sorted({r["global_steps"] for r in records})
     assert len(syncs) >= steps, f"{len(syncs)} weight syncs logged for {steps} steps"
@@ -53,3 +70,17 @@ def assert_weight_sync_through_the_resharder(log: Path, *, world_size: int, roll
             assert record["received_bytes"] == 0 and record["tensors"] == 0, record
         elif world_size > 1:
             assert record["received_bytes"] > 0 and record["tensors"] > 0, record
+
+
+def ray_workers(root_pid: int, title: str) -> list[psutil.Process]:
+    """The processes named ``title`` (Ray sets ``ray::<actor class>``, and ``ray::<actor class>.<method>`` while a
+    method runs) below ``root_pid``: one run's only, whatever else runs on the machine."""
+    found = []
+    for child in psutil.Process(root_pid).children(recursive=True):
+        try:
+            name = (child.cmdline() or [""])[0]
+            if name == title or name.startswith(f"{title}."):
+                found.append(child)
+        except psutil.Error:
+            continue
+    return found

@@ -1,22 +1,19 @@
 """A run that ends badly says why in one line, with the last complete checkpoint and the command that goes on
-(recipes/interrupt.py ``lost_worker_line``): a Ray worker lost without ``stability=auto``. (A full disk during a
-checkpoint save: tests/recipes/test_checkpoints.py; Ctrl-C: tests/e2e/test_interrupt.py.)"""
+(recipes/interrupt.py ``lost_worker_line``): a Ray worker lost without ``stability=auto``; a scheduler's SIGTERM taken
+as Ctrl-C (``sigterm_as_interrupt``). Here the line and the signal handling in-process; the same through a real
+training run whose worker is SIGKILLed, and one stopped by SIGTERM: tests/e2e/test_recipes_cpu.py. (A full disk during
+a checkpoint save: tests/recipes/test_checkpoints.py; Ctrl-C: tests/e2e/test_interrupt.py.)"""
 
 from __future__ import annotations
 
 import json
-import shlex
 import signal
-import subprocess
-import sys
 import time
 
-import psutil
 import pytest
 
 from recipes.checkpoints import mark_complete
 from recipes.interrupt import lost_worker_line, sigterm_as_interrupt
-from tests.conftest import checkout_env
 
 # the exception chain as verl's driver gets it when Ray's worker process of the actor is SIGKILLed (Ray 2.60)
 ACTOR_DIED = """Traceback (most recent call last):
@@ -65,43 +62,6 @@ def test_no_checkpoint_yet_and_other_failures(tmp_path):
     assert lost_worker_line("ValueError: bad path", run, run / "checkpoints", ["python"]) is None
 
 
-def _ray_workers(root_pid: int, title: str) -> list[psutil.Process]:
-    found = []
-    for child in psutil.Process(root_pid).children(recursive=True):
-        try:
-            if (child.cmdline() or [""])[0].startswith(title):
-                found.append(child)
-        except psutil.Error:
-            continue
-    return found
-
-
-@pytest.mark.e2e
-@pytest.mark.ray
-@pytest.mark.slow
-def test_a_worker_killed_mid_run_ends_with_that_line(tmp_path):
-    command = [sys.executable, "-m", "recipes.grpo", "trainer.total_training_steps=4", "trainer.save_freq=1"]
-    proc = subprocess.Popen(command, cwd=tmp_path, env=checkout_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    killed = []
-    for line in proc.stdout:
-        if line.startswith("step 2/") and not killed:
-            killed = _ray_workers(proc.pid, "ray::WorkerDict")
-            assert killed, "no Ray worker of this run found"
-            for worker in killed:
-                worker.send_signal(signal.SIGKILL)
-    _, err = proc.communicate(timeout=600)
-    assert proc.returncode == 1, err[-3000:]
-    assert "Traceback" not in err
-    (last,) = [line for line in err.splitlines() if line.startswith("training stopped after ")]  # one line
-    run = next((tmp_path / "runs" / "grpo").iterdir())
-    assert last.startswith("training stopped after step ") and ": ray::WorkerDict (pid " in last
-    assert f"last complete checkpoint: {run}/checkpoints/global_step_" in last
-    argv = shlex.split(last.split("; resume: ", 1)[1].split(" (stability=auto", 1)[0])
-    assert argv[1:5] == ["-m", "recipes.grpo", "trainer.total_training_steps=4", "trainer.save_freq=1"]
-    assert argv[-1] == f"run.resume={run}"
-
-
 def _row(step: int) -> str:
     return json.dumps({"step": step, "data": {}}) + "\n"
 
@@ -145,27 +105,6 @@ def test_an_ignored_ctrl_c_stays_ignored(tmp_path, ctrl_c):
     with sigterm_as_interrupt(tmp_path / "metrics.jsonl"):
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
         signal.raise_signal(signal.SIGINT)  # nothing happens
-
-
-@pytest.mark.e2e
-@pytest.mark.ray
-@pytest.mark.slow
-def test_a_schedulers_sigterm_stops_the_run_as_ctrl_c_does(tmp_path):
-    # ray.init installs its own SIGTERM handler (it ends the process at once); the pack keeps its own
-    proc = subprocess.Popen([sys.executable, "-m", "recipes.grpo", "trainer.total_training_steps=6",
-                             "trainer.save_freq=1"], cwd=tmp_path, env=checkout_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    for line in proc.stdout:
-        if line.startswith("step 2/"):
-            proc.send_signal(signal.SIGTERM)
-            break
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 130, err[-3000:]
-    assert "Traceback" not in err and "SIGTERM received" not in err
-    run = next((tmp_path / "runs" / "grpo").iterdir())
-    lines = err.splitlines()
-    assert any(line.startswith("interrupted after step ") for line in lines)
-    assert any(line.startswith(f"last complete checkpoint: {run}/checkpoints/global_step_") for line in lines)
 
 
 def test_a_checkpoint_saved_but_not_logged_is_not_the_one_offered(tmp_path):

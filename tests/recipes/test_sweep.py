@@ -44,16 +44,18 @@ def _compare_with_readme(stdout_lines: list[str], workdir: Path) -> None:
 @pytest.mark.e2e
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_local_training_sweep_finishes_every_job(tmp_path, recipe_cli):
-    """Ray is shut down and the environment restored between jobs of one process: the second job trains too."""
-    proc = recipe_cli("grpo", "-m", "kl=fixed,adaptive", "trainer.total_training_steps=2", "trainer.save_freq=-1",
-                      cwd=tmp_path, timeout=900)
+def test_a_local_training_sweep_finishes_every_job(training_sweep):
+    """Ray is shut down and the environment restored between jobs of one process: the second job trains too (the
+    sweep: tests/recipes/conftest.py ``training_sweep``)."""
+    proc = training_sweep.proc
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    jobs = _record(tmp_path)["jobs"]
+    jobs = training_sweep.jobs
     assert [(j["status"], j["exit_code"]) for j in jobs] == [("ok", 0), ("ok", 0)]
-    for job in jobs:
-        rows = (tmp_path / job["run_dir"] / "metrics.jsonl").read_text().splitlines()
+    assert "kl=adaptive" in jobs[0]["overrides"] and "kl=fixed" in jobs[1]["overrides"]
+    for num, job in enumerate(jobs):
+        rows = (training_sweep.run_dir(num) / "metrics.jsonl").read_text().splitlines()
         last = json.loads(rows[-1])
         assert len(rows) == 2 and last["data"]["critic/score/mean"] == pytest.approx(job["reward"])
         assert job["kl"] == pytest.approx(last["data"]["actor/kl_loss"])
+        assert "\ncurves: " in training_sweep.stdout_of(num)  # each job summed up
     assert "sweep: 2 of 2 jobs ok" in proc.stdout

@@ -27,22 +27,9 @@ import psutil
 import pytest
 
 from tests.conftest import checkout_env
+from tests.e2e.checks import ray_workers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.slow]
-
-
-def _ray_workers(root_pid: int, title: str) -> list[psutil.Process]:
-    """The processes named ``title`` (Ray sets ``ray::<actor class>``, and ``ray::<actor class>.<method>`` while a
-    method runs) below ``root_pid``: this run's only."""
-    found = []
-    for child in psutil.Process(root_pid).children(recursive=True):
-        try:
-            name = (child.cmdline() or [""])[0]
-            if name == title or name.startswith(f"{title}."):
-                found.append(child)
-        except psutil.Error:
-            continue
-    return found
 
 
 FULL_DISK = """
@@ -72,7 +59,7 @@ def test_rollback_names_the_real_cause_and_writes_each_step_once_then_a_full_dis
         seen.append(line)
         failed += line.startswith("stability: attempt ")
         if failed == 2 and line.startswith("step 3/") and not killed:
-            killed = _ray_workers(proc.pid, "ray::WorkerDict")
+            killed = ray_workers(proc.pid, "ray::WorkerDict")
             assert killed, "no Ray worker of this run found"
             for worker in killed:
                 worker.send_signal(signal.SIGKILL)

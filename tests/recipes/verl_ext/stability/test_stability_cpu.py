@@ -2,8 +2,8 @@
 
 run                                               steps  asserted
 guard: lr 0.05, 4 mini-batches x 2 epochs,          2    the guard stops a step's updates (guard/stopped, updates <
-       kl=adaptive                                       planned, guard/kl > max_kl); the saved weights are finite;
-                                                         the loss-side coefficient follows the PI rule;
+       kl=adaptive (job 0 of the local training          planned, guard/kl > max_kl); the saved weights are finite;
+       sweep, tests/recipes/conftest.py)                 the loss-side coefficient follows the PI rule;
                                                          bands.json / bands.txt count what metrics.jsonl shows
 rollback: stability=auto, kl=ramp over 4 steps,     4    attempt 0 fails at step 3 (NaN), attempt 1 resumes from the
           overlap=prefetch, NaN injected at step 3       step-2 checkpoint with forward_prefetch off and finishes;
@@ -51,10 +51,12 @@ def train(recipe_cli, workdir: Path, *overrides: str, steps: int, save_freq: int
 
 
 @pytest.fixture(scope="module")
-def guard_run(recipe_cli, tmp_path_factory) -> Run:
-    return train(recipe_cli, tmp_path_factory.mktemp("guard"), "kl=adaptive", "actor_rollout_ref.actor.optim.lr=0.05",
-                 "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-                 "actor_rollout_ref.actor.ppo_epochs=2", steps=2, save_freq=2)
+def guard_run(training_sweep) -> Run:
+    """Job 0 of the local training sweep (``training_sweep``): kl=adaptive under the guard's stress settings."""
+    run_dir = training_sweep.run_dir(0)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return Run(stdout=training_sweep.stdout_of(0), stderr=training_sweep.proc.stderr, run_dir=run_dir, started=0.0,
+               rows=rows)
 
 
 @pytest.fixture(scope="module")
