@@ -5,17 +5,13 @@ guard: lr 0.05, 4 mini-batches x 2 epochs,          2    the guard stops a step'
        kl=adaptive (job 0 of the local training          planned, guard/kl > max_kl); the saved weights are finite;
        sweep, tests/recipes/conftest.py)                 the loss-side coefficient follows the PI rule;
                                                          bands.json / bands.txt count what metrics.jsonl shows
-rollback: stability=auto, kl=ramp over 4 steps,     4    attempt 0 fails at step 3 (NaN), attempt 1 resumes from the
-          overlap=prefetch, NaN injected at step 3       step-2 checkpoint with forward_prefetch off and finishes;
-                                                         no checkpoint lost; the ramp target per step; the KL
-                                                         controller state restored exactly from the checkpoint
+
+The rollback (``stability=auto``), one fault per attempt: tests/recipes/verl_ext/stability/test_faults_cpu.py.
 """
 
 from __future__ import annotations
 
 import json
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,30 +20,16 @@ import yaml
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.slow]
 
-PLANTED = "sk-planted-0123456789abcdef"  # a secret-shaped value under a secret-shaped key: never written in clear
-
 
 @dataclass
 class Run:
     stdout: str
     stderr: str
     run_dir: Path
-    started: float
     rows: list[dict]
 
     def at(self, step: int) -> dict:
         return [r["data"] for r in self.rows if r["step"] == step][-1]
-
-
-def train(recipe_cli, workdir: Path, *overrides: str, steps: int, save_freq: int) -> Run:
-    started = time.time()
-    proc = recipe_cli("grpo", f"trainer.total_training_steps={steps}", f"trainer.save_freq={save_freq}", *overrides,
-                      cwd=workdir, timeout=1500)
-    folders = sorted((workdir / "runs" / "grpo").glob("*/metrics.jsonl"))
-    if proc.returncode != 0 or not folders:
-        pytest.fail(f"{overrides}: exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
-    rows = [json.loads(line) for line in folders[-1].read_text().splitlines()]
-    return Run(stdout=proc.stdout, stderr=proc.stderr, run_dir=folders[-1].parent, started=started, rows=rows)
 
 
 @pytest.fixture(scope="module")
@@ -55,16 +37,7 @@ def guard_run(training_sweep) -> Run:
     """Job 0 of the local training sweep (``training_sweep``): kl=adaptive under the guard's stress settings."""
     run_dir = training_sweep.run_dir(0)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return Run(stdout=training_sweep.stdout_of(0), stderr=training_sweep.proc.stderr, run_dir=run_dir, started=0.0,
-               rows=rows)
-
-
-@pytest.fixture(scope="module")
-def rollback_run(recipe_cli, tmp_path_factory) -> Run:
-    return train(recipe_cli, tmp_path_factory.mktemp("rollback"), "stability=auto", "kl=ramp", "kl.ramp.start=0.1",
-                 "kl.ramp.end=0.3", "kl.ramp.steps=4",
-                 "overlap=prefetch", "stability.inject.nan_at_step=3", f"+trainer.wandb_key={PLANTED}", steps=4,
-                 save_freq=2)
+    return Run(stdout=training_sweep.stdout_of(0), stderr=training_sweep.proc.stderr, run_dir=run_dir, rows=rows)
 
 
 def test_guard_stops_the_updates_of_a_step_whose_kl_blows_up(guard_run):
@@ -124,40 +97,3 @@ def test_bands_summary_matches_metrics(guard_run):
     warnings = [line for line in guard_run.stdout.splitlines() if line.startswith("band warning:")]
     sides = {(v["band"], v["side"]) for v in json.loads((guard_run.run_dir / "bands.json").read_text())["violations"]}
     assert len(warnings) == len(sides)
-
-
-def test_rollback_restarts_from_the_last_checkpoint_degraded(rollback_run):
-    attempts = [json.loads(line) for line in (rollback_run.run_dir / "attempts.jsonl").read_text().splitlines()]
-    assert [a["outcome"] for a in attempts] == ["restart", "finished"]
-    assert attempts[0]["reason"] == "nan_loss" and attempts[0]["checkpoints_after"] == [2]
-    assert attempts[1]["degradations"] == ["forward_prefetch_off"] and attempts[1]["resumed_from_step"] == 2
-    assert attempts[1]["changes"]["actor_rollout_ref.actor.fsdp_config.forward_prefetch"] == [True, False]
-    assert attempts[1]["checkpoints_after"] == [2, 4]  # no checkpoint lost
-    config = (rollback_run.run_dir / "attempt_1_config.yaml").read_text()
-    assert "forward_prefetch: false" in config and "forward_prefetch: true" not in config
-    assert PLANTED not in config and "wandb_key: '***'" in config
-    assert "attempt 0 failed (nan_loss" in rollback_run.stdout
-    assert [(r["step"], r["attempt"]) for r in rollback_run.rows] == [(1, 0), (2, 0), (3, 1), (4, 1)]
-
-
-def test_ramp_target_and_controller_state_survive_the_restart(rollback_run):
-    targets = [rollback_run.at(s)["kl_control/target"] for s in (1, 2, 3, 4)]
-    assert targets == pytest.approx([0.1, 0.15, 0.2, 0.25])
-    saved = json.loads((rollback_run.run_dir / "checkpoints/global_step_2/kl_control.json").read_text())["state"]
-    resumed = rollback_run.at(3)  # the first step of attempt 1, after loading the step-2 checkpoint
-    assert resumed["kl_control/loss_coef"] == saved["loss_coef"] == rollback_run.at(2)["kl_control/next_loss_coef"]
-    assert resumed["kl_control/target"] == saved["target"]
-
-
-def test_a_planted_secret_appears_nowhere(rollback_run):
-    """The rollback run typed +trainer.wandb_key=<a key-shaped secret>: not in any file of its run folder (configs,
-    logs, checkpoints, records), not on its terminal, not in Ray's session logs (verl's TaskRunner prints the config
-    there)."""
-    planted = PLANTED.encode()
-    leaked = [str(p) for p in rollback_run.run_dir.rglob("*") if p.is_file() and planted in p.read_bytes()]
-    assert not leaked
-    assert PLANTED not in rollback_run.stdout + rollback_run.stderr
-    ray_logs = [p for p in Path(tempfile.gettempdir(), "ray").glob("session_*/logs/*")
-                if p.is_file() and p.stat().st_mtime >= rollback_run.started]  # this run's sessions
-    assert ray_logs, "Ray's session logs were not found"
-    assert not [str(p) for p in ray_logs if planted in p.read_bytes()]
