@@ -143,6 +143,7 @@ after another on one worker, while the other worker takes the rest. Two training
 each other (each keeps ~1.4 cores busy) and make the timing of the signal tests (Ctrl-C at step 3) looser."""
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the group marks
 def pytest_collection_modifyitems(config, items):
     for item in items:
         trains = any(item.get_closest_marker(name) for name in ("e2e", "ray"))
