@@ -137,13 +137,10 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(f"{seconds:6.1f}s {nodeid}")
 
 
-def training_group(item) -> str:
-    """The pytest-xdist group (``--dist loadgroup``, ``make test``) of a test that trains or starts Ray: the runs of
-    tests/e2e and tests/cluster go one after another on one worker, those under tests/recipes on the other (each
-    group about 8 min on 2 cores), and the in-process tests fill both workers around them. A group keeps the module
-    and session fixtures it shares (``training_sweep``) on one worker, so each run starts once."""
-    top = Path(str(item.path)).relative_to(ROOT).parts[1]
-    return "training-e2e" if top in ("e2e", "cluster") else "training-recipes"
+TRAINING_GROUP = "training"
+"""The pytest-xdist group (``--dist loadgroup``, ``make test``) of every test that trains or starts Ray: they run one
+after another on one worker, while the other worker takes the rest. Two trainings at once on 2 cores would only slow
+each other (each keeps ~1.4 cores busy) and make the timing of the signal tests (Ctrl-C at step 3) looser."""
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the group marks
@@ -153,7 +150,7 @@ def pytest_collection_modifyitems(config, items):
         if trains or "recipe_cli" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
         if trains:
-            item.add_marker(pytest.mark.xdist_group(training_group(item)))
+            item.add_marker(pytest.mark.xdist_group(TRAINING_GROUP))
     try:
         import torch
 
