@@ -268,15 +268,19 @@ class HFServer:
         self.weight_version += 1
         if global_steps is not None:
             self.global_steps = global_steps
-        return await asyncio.to_thread(self._loaded_checksums, list(state_dict))
+        sent = {name: tensor.dtype for name, tensor in state_dict.items()}
+        return await asyncio.to_thread(self._loaded_checksums, sent)
 
-    def _loaded_checksums(self, names: list[str]) -> dict[str, tuple[int, int, int]]:
+    def _loaded_checksums(self, sent: dict[str, torch.dtype]) -> dict[str, tuple[int, int, int]]:
+        """The checksums of the model's tensors named in ``sent``, read back in the dtype each was sent in: the
+        server's model is float32, and Megatron's export sends bfloat16 (bf16 -> fp32 -> bf16 gives back the sent
+        bits; a tensor changed on the way does not)."""
         # lazy: ~50 ms, only a weight sync's check needs it
         from hybrid_engine.reshard.checksum import checksums
 
         with self._lock:
             model = self.model.state_dict()
-            found, sums = checksums({name: model[name] for name in names if name in model})
+            found, sums = checksums({name: model[name].to(dtype) for name, dtype in sent.items() if name in model})
         return {name: tuple(row) for name, row in zip(found, sums.tolist(), strict=True)}
 
     def _load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:

@@ -505,6 +505,18 @@ def test_server_loads_handed_off_weights_and_tags_the_step(server):
         asyncio.run(server.update_weights({"nonsense.weight": torch.zeros(1)}))
 
 
+def test_server_checks_bf16_weights_in_the_dtype_they_were_sent_in(server):
+    """Megatron's export sends bfloat16 into the float32 server: the read-back checksums are those of the bf16
+    tensors sent (an H200 run on 2026-12-05 failed its first sync check: the fp32 bits were compared)."""
+    from hybrid_engine.reshard.checksum import checksums
+
+    state = {name: (tensor - 0.01).to(torch.bfloat16) for name, tensor in server.model.state_dict().items()}
+    loaded = asyncio.run(server.update_weights(state, global_steps=4))
+    names, sums = checksums(state)
+    assert loaded == {name: tuple(row) for name, row in zip(names, sums.tolist(), strict=True)}
+    assert next(server.model.parameters()).dtype == torch.float32  # the server keeps its own dtype
+
+
 def test_server_told_of_a_gpu_it_cannot_see_stays_on_the_host_and_says_so(composed, caplog):
     from recipes.verl_ext.plugin.hf_rollout import HFServer
 
