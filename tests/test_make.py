@@ -4,6 +4,7 @@ step."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 
@@ -22,8 +23,9 @@ def quickstart() -> dict[str, str]:
 def test_the_readme_names_the_command_make_runs(target):
     said = quickstart()
     assert target in said, f"the README's quickstart has no 'make {target}  # = ...' line"
-    ran = subprocess.run(["make", "-n", target, "PYTHON=python"], cwd=ROOT, capture_output=True, text=True,
-                         check=True).stdout.strip()
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}  # under make test
+    ran = subprocess.run(["make", "-n", "--no-print-directory", target, "PYTHON=python"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, check=True).stdout.strip()
     assert ran == said[target]
 
 
