@@ -34,12 +34,13 @@ SHAPE = dict(
 )
 
 
-def tiny_qwen2(path: str, seed: int = 0):
-    """A random bf16 Qwen2 with :data:`SHAPE`, saved to ``path``; returns the HF model (eager attention)."""
+def tiny_qwen2(path: str, seed: int = 0, **overrides):
+    """A random bf16 Qwen2 with :data:`SHAPE` (and ``overrides``), saved to ``path``; returns the HF model (eager
+    attention)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    config = Qwen2Config(**SHAPE, torch_dtype="bfloat16", attn_implementation="eager")
+    config = Qwen2Config(**{**SHAPE, **overrides}, torch_dtype="bfloat16", attn_implementation="eager")
     model = Qwen2ForCausalLM(config).to(torch.bfloat16).eval()
     model.save_pretrained(path)
     return model
@@ -65,18 +66,56 @@ def init_megatron_cpu() -> None:
     fused_softmax.get_default_causal_mask = lambda sq: torch.triu(torch.ones(sq, sq), diagonal=1).bool()
 
 
-def mbridge_model(path: str):
-    """The bridge and the bf16 GPTModel that verl's vanilla_mbridge path builds, weights loaded from ``path``."""
+def mbridge_model(path: str, value: bool = False, weights: str | None = None):
+    """The bridge and the bf16 GPTModel that verl's vanilla_mbridge path builds, weights loaded from ``weights``
+    (``path`` by default). ``value``: a critic, as verl 0.9.1's Megatron engine builds one (the HF config untied, a
+    (1, hidden) value head from mbridge's ``make_value_model``)."""
     from transformers import AutoConfig
-    from verl.models.mcore.mbridge import AutoBridge
+    from verl.models.mcore.mbridge import AutoBridge, make_value_model
 
-    bridge = AutoBridge.from_config(AutoConfig.from_pretrained(path), dtype=torch.bfloat16)
+    hf_config = AutoConfig.from_pretrained(path)
+    if value:
+        hf_config.tie_word_embeddings = False  # verl's MegatronEngine._build_tf_config does this for a value model
+    bridge = AutoBridge.from_config(hf_config, dtype=torch.bfloat16)
     bridge.set_extra_args(
         masked_softmax_fusion=False, use_cpu_initialization=True, attention_dropout=0.0, hidden_dropout=0.0
     )
-    model = bridge.get_model(wrap_with_ddp=False, bf16=True)
-    bridge.load_weights(model, path)
+    if value:
+        bridge.config.share_embeddings_and_output_weights = False
+    callbacks = [make_value_model] if value else []
+    model = bridge.get_model(wrap_with_ddp=False, bf16=True, post_model_creation_callbacks=callbacks)
+    bridge.load_weights(model, weights or path)
     return bridge, model
+
+
+def critic_round_trip(path: str) -> dict:
+    """A critic of a tied-embedding model, saved and loaded back as verl's Megatron checkpoint does (mbridge's
+    ``save_weights``/``load_weights``), with a tied actor's bridge built between the two as in verl's colocated
+    worker. Returns which tensors came back unequal."""
+    tiny_qwen2(path, tie_word_embeddings=True)
+    bridge, critic = mbridge_model(path, value=True)
+    mbridge_model(path)  # the actor: its tied config adjusts mbridge's name table
+    torch.manual_seed(2)
+    head = critic[0].module.output_layer.weight
+    with torch.no_grad():
+        head.copy_(torch.randn_like(head))  # a trained value head, not the one the critic started with
+    saved = os.path.join(path, "critic_checkpoint")
+    bridge.save_weights(critic, saved)
+    _, resumed = mbridge_model(path, value=True, weights=saved)
+    before, after = critic[0].state_dict(), resumed[0].state_dict()
+    names = [name for name in before if "_extra_state" not in name]
+    return {
+        "critic_tensors": len(names),
+        "critic_unequal_after_resume": [name for name in names if not torch.equal(before[name], after[name])],
+        "critic_saved_value_head_shape": list(_saved_tensor(saved, "lm_head.weight").shape),
+    }
+
+
+def _saved_tensor(folder: str, name: str) -> torch.Tensor:
+    from safetensors import safe_open
+
+    with safe_open(os.path.join(folder, "model.safetensors"), framework="pt") as f:
+        return f.get_tensor(name) if name in f.keys() else torch.empty(0)
 
 
 def compare(hf_model, bridge, model, seq_len: int = 16, batch: int = 2) -> dict:
@@ -117,6 +156,8 @@ def run_probe() -> dict:
         hf_model = tiny_qwen2(path)
         bridge, model = mbridge_model(path)
         result = compare(hf_model, bridge, model)
+    with tempfile.TemporaryDirectory() as path:
+        result.update(critic_round_trip(path))
     versions = {name: importlib.metadata.version(name) for name in ("verl", "megatron-core", "mbridge", "torch")}
     return {"date": datetime.date.today().isoformat(), **versions, **result}
 

@@ -26,7 +26,11 @@ and ``_weight_name_mapping_mcore_to_hf``,   spec (``use_transformer_engine=True`
                                             resume asks for before the first step: the fresh state (zero moments,
                                             step 0) is created first. A critic from a
 ``SafeTensorIO.load_some_hf_weight``        tied-embedding checkpoint: mbridge asks for ``lm_head.weight`` (to skip
-                                            it for the value head); the embedding is handed instead.
+                                            it for the value head); the embedding is handed instead. mbridge's
+``Bridge.__init__``                         Qwen2 bridge ties the output layer of a tied config in the class's
+                                            name table, for every bridge of the process: a critic (untied by
+                                            verl) beside a tied actor saved its value head over the embedding.
+                                            Each bridge gets its own table.
 ==========================================  ===================================================================
 """
 
@@ -61,6 +65,7 @@ def apply_no_te_patches() -> None:
     when_imported("mbridge.core.llm_bridge", _local_layer_spec)
     when_imported("mbridge.core.llm_bridge", _rope_theta_from_rope_parameters)
     when_imported("mbridge.core.bridge", _local_layernorm_names)
+    when_imported("mbridge.core.bridge", _mapping_per_bridge)
     when_imported("megatron.core.optimizer.distrib_optimizer", _fresh_optimizer_state)
     when_imported("mbridge.core.safetensor_io", _tied_output_layer)
 
@@ -211,6 +216,25 @@ def _local_layernorm_names(bridge) -> None:
         return _weight_name_mapping_mcore_to_hf
 
     wrap_once(bridge.Bridge, "_weight_name_mapping_mcore_to_hf", "_hybrid_engine_no_te", wrap)
+
+
+def _mapping_per_bridge(bridge) -> None:
+    require_supported_megatron()
+
+    def wrap(original):
+        @functools.wraps(original)
+        def __init__(self, *args, **kwargs):
+            # mbridge's Qwen2 bridge ties a tied config's output layer to the embedding by writing into the class's
+            # _DIRECT_MAPPING, so every bridge of the process maps output_layer.weight to model.embed_tokens.weight
+            # from then on. verl builds the critic's bridge untied (a value head is never tied) beside the tied
+            # actor's: its (1, hidden) value head was saved over the embedding, and the resume failed (H200,
+            # 2026-12-05). Each bridge gets its own copy, which its own config adjusts.
+            self._DIRECT_MAPPING = dict(type(self)._DIRECT_MAPPING)
+            original(self, *args, **kwargs)
+
+        return __init__
+
+    wrap_once(bridge.Bridge, "__init__", "_hybrid_engine_no_te", wrap)
 
 
 def require_supported_megatron() -> None:

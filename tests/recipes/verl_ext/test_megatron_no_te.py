@@ -105,6 +105,11 @@ def test_tiny_qwen2_round_trips_through_the_local_spec():
     assert result["max_abs_logit_diff"] < 0.02  # bf16 noise on logits of magnitude ~0.5
     assert result["argmax_agreement"] == 1.0
     assert result["export_bit_exact"] and result["exported_tensors"] == result["hf_tensors"]
+    # a critic of a tied model beside its tied actor: saved and resumed as verl's Megatron checkpoint does (the
+    # H200 resume of 2026-12-05 failed here, its value head saved over the embedding)
+    assert result["critic_unequal_after_resume"] == []
+    assert result["critic_tensors"] == 17  # 2 layers of 7, the embedding, the final norm, the value head
+    assert result["critic_saved_value_head_shape"] == [1, 64]
 
 
 @megatron_installed
