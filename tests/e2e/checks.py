@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +18,31 @@ SYNCED_GAP = 1e-5
 DIFF_MAX = "training/rollout_probs_diff_max"
 DIFF_MEAN = "training/rollout_probs_diff_mean"
 ROLLOUT_KL = "rollout_corr/kl"
+
+
+@dataclass
+class Watched:
+    """A recipe launch watched line by line: its exit code and the terminal's two streams, whole."""
+
+    code: int
+    stdout: str
+    stderr: str
+
+
+def watch_recipe(recipe: str, args, cwd: Path, env: dict, at_line: Callable[[str, subprocess.Popen], bool],
+                 timeout: float, **popen) -> Watched:
+    """``python -m recipes.<recipe> *args`` in ``cwd``; ``at_line(line, process)`` sees each stdout line as the user
+    would, and may act on the process (a signal, a killed worker); it returns True to stop watching, then the launch
+    runs to its end (``timeout`` s)."""
+    proc = subprocess.Popen([sys.executable, "-m", f"recipes.{recipe}", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if at_line(line, proc):
+            break
+    out, err = proc.communicate(timeout=timeout)
+    return Watched(proc.returncode, "".join(seen) + out, err)
 
 
 @dataclass

@@ -15,7 +15,6 @@ import re
 import shlex
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from tests.e2e.checks import (
     assert_rollout_is_the_actor,
     assert_the_batch_is_split_over,
     assert_weight_sync_through_the_resharder,
+    watch_recipe,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.slow]
@@ -94,26 +94,26 @@ def interrupted(tmp_path_factory, recipe_cli) -> Interrupted:
     workdir = tmp_path_factory.mktemp("interrupted")
     # Ctrl-C as a terminal delivers it: a suite started in the background (`make test &`) hands its children SIGINT
     # ignored, and Python then leaves it ignored
-    proc = subprocess.Popen([sys.executable, "-m", "recipes.grpo", *COMMAND], cwd=workdir, env=checkout_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    seen, sessions = [], set()
-    for line in proc.stdout:
-        seen.append(line)
+    sessions: set = set()
+
+    def ctrl_c_at_step_3(line: str, proc: subprocess.Popen) -> bool:
         if line.startswith("step 3/"):
-            sessions = _ray_sessions(below=proc.pid)
+            sessions.update(_ray_sessions(below=proc.pid))
             proc.send_signal(signal.SIGINT)
-            break
-    out, err = proc.communicate(timeout=300)
+            return True
+        return False
+
+    launch = watch_recipe("grpo", COMMAND, workdir, checkout_env(), ctrl_c_at_step_3, timeout=300,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     left = _sessions_left(sessions)
     folders = list((workdir / "runs" / "grpo").glob("*/metrics.jsonl"))
-    if not folders or "resume in the same folder: " not in err:
-        pytest.fail(f"the interrupted launch: exit {proc.returncode}\n{''.join(seen)}{out}\n{err[-3000:]}")
+    if not folders or "resume in the same folder: " not in launch.stderr:
+        pytest.fail(f"the interrupted launch: exit {launch.code}\n{launch.stdout}\n{launch.stderr[-3000:]}")
     run_dir = folders[0].parent
     first_record = (run_dir / "resolved_config.yaml").read_bytes()
     steps_before = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     syncs_before = len(read_sync_log(run_dir / "weight_sync.jsonl"))
-    stopped = Interrupted(proc.returncode, "".join(seen) + out, err, sessions, left, run_dir, first_record,
+    stopped = Interrupted(launch.code, launch.stdout, launch.stderr, sessions, left, run_dir, first_record,
                           steps_before, syncs_before, resumed=None)
     argv = shlex.split(stopped.line("resume in the same folder: "))
     stopped.resumed = recipe_cli("grpo", *argv[3:], f"trainer.total_training_steps={stopped.kept_step + 2}",

@@ -27,7 +27,6 @@ import json
 import shlex
 import signal
 import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +44,7 @@ from tests.e2e.checks import (
     assert_the_batch_is_split_over,
     assert_weight_sync_through_the_resharder,
     ray_workers,
+    watch_recipe,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.slow]
@@ -64,23 +64,20 @@ def stop_after_step_3(workdir: Path, recipe: str, *overrides: str, stop: Callabl
                       env: dict | None = None) -> Stopped:
     """``python -m recipes.<recipe> *overrides`` (6 steps, a checkpoint each) in ``workdir``; ``stop(process)`` once
     the terminal shows step 3."""
-    command = [sys.executable, "-m", f"recipes.{recipe}", "trainer.total_training_steps=6", "trainer.save_freq=1",
-               *overrides]
-    proc = subprocess.Popen(command, cwd=workdir, env=checkout_env(env), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
+    def at_step_3(line: str, proc: subprocess.Popen) -> bool:
         if line.startswith("step 3/"):
             stop(proc)
-            break
-    out, err = proc.communicate(timeout=600)
+            return True
+        return False
+
+    launch = watch_recipe(recipe, ["trainer.total_training_steps=6", "trainer.save_freq=1", *overrides], workdir,
+                          checkout_env(env), at_step_3, timeout=600)
     folders = sorted((workdir / "runs" / recipe).glob("*/metrics.jsonl"))
     if not folders:
-        pytest.fail(f"{recipe} {overrides}: exit {proc.returncode}, no metrics\n{''.join(seen)}{out}\n{err[-3000:]}")
+        pytest.fail(f"{recipe} {overrides}: exit {launch.code}, no metrics\n{launch.stdout}\n{launch.stderr[-3000:]}")
     rows = [json.loads(line) for line in folders[-1].read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, len(rows) + 1)) and len(rows) >= 3
-    return Stopped("".join(seen) + out, err, folders[-1].parent, [r["data"] for r in rows], code=proc.returncode)
+    return Stopped(launch.stdout, launch.stderr, folders[-1].parent, [r["data"] for r in rows], code=launch.code)
 
 
 def syncs_up_to_step_3(run: Run) -> list[dict]:

@@ -34,6 +34,11 @@ GUARD_STRESS = ("actor_rollout_ref.actor.optim.lr=0.05", "data.train_batch_size=
 """Settings under which the KL guard has work: a large step size and 4 mini-batches x 2 epochs, 8 updates a step."""
 
 
+def sweep_records(workdir: Path, recipe: str = "grpo") -> list[Path]:
+    """The ``sweep_results.json`` files that local sweeps of ``recipe`` wrote under ``workdir``."""
+    return sorted((workdir / "runs" / recipe).glob("multirun-*/sweep_results.json"))
+
+
 @dataclass
 class TrainingSweep:
     """A finished local training sweep: the process, the folder it ran in, ``sweep_results.json``'s jobs."""
@@ -64,7 +69,7 @@ def training_sweep(recipe_cli, tmp_path_factory) -> TrainingSweep:
     workdir = tmp_path_factory.mktemp("training_sweep")
     proc = recipe_cli("grpo", "-m", "kl=adaptive,fixed", "trainer.total_training_steps=2", "trainer.save_freq=2",
                       *GUARD_STRESS, cwd=workdir, timeout=900)
-    records = sorted((workdir / "runs" / "grpo").glob("multirun-*/sweep_results.json"))
+    records = sweep_records(workdir)
     if proc.returncode != 0 or len(records) != 1:
         pytest.fail(f"the training sweep: exit {proc.returncode}, records {records}\n{proc.stdout[-3000:]}\n"
                     f"{proc.stderr[-3000:]}")

@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 
 from tests.readme import check_block
+from tests.recipes.conftest import sweep_records
 
 START, END = "<!-- sweep output: tests/recipes/test_sweep.py -->", "<!-- end of sweep output -->"
 COMMAND = ["-m", "actor_rollout_ref.rollout.n=0,2", "action=validate"]
 
 
 def _record(tmp_path, recipe: str = "grpo") -> dict:
-    records = sorted((tmp_path / "runs" / recipe).glob("multirun-*/sweep_results.json"))
+    records = sweep_records(tmp_path, recipe)
     assert len(records) == 1, records
     return json.loads(records[0].read_text())
 

@@ -21,11 +21,11 @@ traceback, no temporary left, every checkpoint kept.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -35,7 +35,7 @@ import psutil
 import pytest
 
 from tests.conftest import checkout_env
-from tests.e2e.checks import ray_workers
+from tests.e2e.checks import ray_workers, watch_recipe
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.slow]
 
@@ -68,11 +68,11 @@ class Rollbacks:
     started: float
     killed: list[psutil.Process]
 
-    @property
+    @functools.cached_property
     def attempts(self) -> list[dict]:
         return [json.loads(line) for line in (self.run_dir / "attempts.jsonl").read_text().splitlines()]
 
-    @property
+    @functools.cached_property
     def rows(self) -> list[dict]:
         return [json.loads(line) for line in (self.run_dir / "metrics.jsonl").read_text().splitlines()]
 
@@ -89,22 +89,24 @@ def rollbacks(tmp_path_factory) -> Rollbacks:
     env = checkout_env()
     env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"]])
     started = time.time()
-    proc = subprocess.Popen([sys.executable, "-m", "recipes.grpo", *COMMAND], cwd=workdir, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    killed, seen, failed = [], [], 0
-    for line in proc.stdout:
-        seen.append(line)
+    killed: list[psutil.Process] = []
+    failed = 0
+
+    def kill_at_step_3_of_attempt_3(line: str, proc: subprocess.Popen) -> bool:
+        nonlocal failed
         failed += line.startswith("stability: attempt ")
         if failed == 3 and line.startswith("step 3/") and not killed:
-            killed = ray_workers(proc.pid, "ray::WorkerDict")
+            killed.extend(ray_workers(proc.pid, "ray::WorkerDict"))
             assert killed, "no Ray worker of this run found"
             for worker in killed:
                 worker.send_signal(signal.SIGKILL)
-    out, err = proc.communicate(timeout=900)
+        return False  # watched to the end
+
+    launch = watch_recipe("grpo", COMMAND, workdir, env, kill_at_step_3_of_attempt_3, timeout=900)
     folders = list((workdir / "runs" / "grpo").glob("*/attempts.jsonl"))
     if not folders:
-        pytest.fail(f"no attempts.jsonl: exit {proc.returncode}\n{''.join(seen)}{out}\n{err[-3000:]}")
-    return Rollbacks(proc.returncode, "".join(seen) + out, err, folders[0].parent, started, killed)
+        pytest.fail(f"no attempts.jsonl: exit {launch.code}\n{launch.stdout}\n{launch.stderr[-3000:]}")
+    return Rollbacks(launch.code, launch.stdout, launch.stderr, folders[0].parent, started, killed)
 
 
 def test_each_attempt_names_its_real_cause(rollbacks):
