@@ -9,9 +9,10 @@ PYTEST_WORKERS ?= 2
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-install:  ## install the pack for CPU (torch 2.13.0 CPU wheel, pinned deps, dev tools), editable
+install:  ## install the pack for CPU (torch 2.13.0 CPU wheel, pinned deps, dev tools), editable; megatron-core for the tests in build/
 	$(PYTHON) -m pip install torch==2.13.0
 	$(PYTHON) -m pip install -c requirements/cpu.lock -e ".[dev]"
+	$(PYTHON) -m pip install --no-deps --upgrade --target build/megatron-site -r requirements/megatron-site.txt
 
 demo:  ## the embedded CPU demo: python -m recipes.grpo (verl's trainer, tiny model, no GPU)
 	$(PYTHON) -m recipes.grpo

@@ -23,11 +23,39 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 """The checkout these tests belong to."""
 
+MEGATRON_SITE = ROOT / "build" / "megatron-site"
+"""Where ``make install`` puts the ``[megatron]`` extra's packages for the tests (requirements/megatron-site.txt)."""
+
 NOT_INHERITED = ("RAY_ADDRESS", "RAY_JOB_CONFIG_JSON_ENV_VAR")
 """Left out of a child's environment, with the copied recipe's conf/ folder variable (``recipes.confdir.CONF_DIR_ENV``):
 set in the shell that started pytest, each would change what a recipe run does. RAY_ADDRESS (and a Ray Job's own
 config) make the run join that cluster instead of starting its own Ray; the conf/ folder variable makes it compose a
 copied recipe's conf/ instead of the checkout's."""
+
+
+def megatron_path() -> str | None:
+    """Where a child process finds megatron-core and mbridge: ``""`` where this process imports them already, the
+    folder ``make install`` fills (:data:`MEGATRON_SITE`) where it holds both, else None (the megatron tests skip)."""
+    import importlib.util
+
+    if importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("mbridge") is not None:
+        return ""
+    if (MEGATRON_SITE / "megatron" / "core").is_dir() and (MEGATRON_SITE / "mbridge").is_dir():
+        return str(MEGATRON_SITE)
+    return None
+
+
+def megatron_child_env() -> dict[str, str]:
+    """This process's environment for a child that runs megatron-core: the checkout, :func:`megatron_path`, then
+    this process's own ``sys.path`` on PYTHONPATH; a free MASTER_PORT for its one-process group (two such children
+    run at once under xdist)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    path = [str(ROOT), *filter(None, [megatron_path()]), *sys.path]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path), "MASTER_PORT": str(port)}
 
 
 def checkout_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -1,14 +1,14 @@
 """strategy=megatron without TransformerEngine: the pins of the ``[megatron]`` extra and the no-TE patch.
 
-The round trip through megatron-core runs only where the extra is importable (CI does not install it):
-``PYTHONPATH=/path/to/megatron_site python -m pytest tests/recipes/verl_ext/test_megatron_no_te.py``.
+The round trip through megatron-core runs in a child process where the extra is importable or ``make install`` put it
+in build/megatron-site (tests/conftest.py ``megatron_path``); the in-process checks only where this process imports
+it (``PYTHONPATH=build/megatron-site python -m pytest tests/recipes/verl_ext/test_megatron_no_te.py``).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
 import subprocess
 import sys
@@ -19,6 +19,7 @@ import pytest
 import verl  # noqa: F401  (imports the plugin through the verl.plugins entry point)
 
 from recipes.verl_ext.plugin import megatron_no_te
+from tests.conftest import megatron_child_env, megatron_path
 
 ROOT = Path(__file__).resolve().parents[3]
 PATCHED_MODULES = {
@@ -43,6 +44,15 @@ def test_megatron_extra_pins_exactly_the_patched_versions():
     assert {name: spec for name, spec in extra.items() if name in megatron_no_te.SUPPORTED_MEGATRON} == {
         name: f"=={version}" for name, version in megatron_no_te.SUPPORTED_MEGATRON.items()
     }
+
+
+def test_the_test_site_pins_what_the_extra_pins():
+    """requirements/megatron-site.txt (make install's build/megatron-site for the tests) holds the extra's pins."""
+    lines = (ROOT / "requirements" / "megatron-site.txt").read_text().splitlines()
+    site = dict(line.split("==") for line in lines if line and not line.startswith("#"))
+    assert {name: f"=={site[name]}" for name in megatron_no_te.SUPPORTED_MEGATRON} == {
+        name: spec for name, spec in _megatron_extra().items() if name in megatron_no_te.SUPPORTED_MEGATRON}
+    assert set(site) == set(_megatron_extra())  # einops too, which mbridge imports
 
 
 def test_docs_name_the_pinned_versions():
@@ -88,17 +98,18 @@ def test_engine_config_takes_local_spec_values_and_says_nothing(capsys):
 
 megatron_installed = pytest.mark.skipif(
     importlib.util.find_spec("megatron") is None or importlib.util.find_spec("mbridge") is None,
-    reason="the [megatron] extra is not installed",
+    reason="the [megatron] extra is not importable in this process",
 )
+megatron_for_children = pytest.mark.skipif(megatron_path() is None,
+                                           reason="the [megatron] extra is not installed (make install)")
 
 
-@megatron_installed
+@megatron_for_children
 @pytest.mark.slow
 def test_tiny_qwen2_round_trips_through_the_local_spec():
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
     done = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "probe_megatron_no_te.py")],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=120,
+        capture_output=True, text=True, env=megatron_child_env(), cwd=ROOT, timeout=120,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout[done.stdout.index("{") :])

@@ -1,35 +1,34 @@
 """strategy=megatron -> the hf rollout through the resharder: a real megatron-core GPTModel built by verl's mbridge path
 (tiny Qwen2, GQA 4 heads / 2 kv heads, qkv bias) is exported by the patched ``MegatronEngine.get_per_tensor_param``
 and streamed by ``open_weight_stream``; what the feeder gets equals mbridge's ``export_weights``, tensor for tensor,
-bit for bit. Runs only where the ``[megatron]`` extra is importable (CI does not install it):
-``PYTHONPATH=/path/to/megatron_site python -m pytest tests/recipes/verl_ext/test_megatron_weight_sync.py``.
+bit for bit. Runs where the ``[megatron]`` extra is importable or ``make install`` put it in build/megatron-site
+(tests/conftest.py ``megatron_path``); each check runs in a child process.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import megatron_child_env, megatron_path
+
 ROOT = Path(__file__).resolve().parents[3]
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("megatron") is None or importlib.util.find_spec("mbridge") is None,
-    reason="the [megatron] extra is not installed",
-)
+pytestmark = [
+    pytest.mark.skipif(megatron_path() is None, reason="the [megatron] extra is not installed (make install)"),
+    pytest.mark.slow,  # a child process building megatron-core models: 7-9 s each
+]
 
 
 def _probe(*flags: str) -> dict:
     """megatron_sync_probe in a subprocess (megatron-core's CPU set-up patches torch globally)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
     done = subprocess.run(
         [sys.executable, "-m", "tests.recipes.verl_ext.megatron_sync_probe", *flags],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
+        capture_output=True, text=True, env=megatron_child_env(), cwd=ROOT, timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
