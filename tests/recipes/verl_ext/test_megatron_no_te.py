@@ -123,6 +123,24 @@ def test_tiny_qwen2_round_trips_through_the_local_spec():
     assert result["critic_saved_value_head_shape"] == [1, 64]
 
 
+IN_PROCESS = "distributed_optimizer_state_dict_before_the_first_step or tied_checkpoint_hands_the_embedding"
+"""The checks below that import megatron-core in this process (-k expression)."""
+
+
+@megatron_for_children
+@pytest.mark.slow
+def test_the_in_process_checks_pass_where_megatron_is_importable():
+    """Where this process cannot import megatron-core (the suite keeps it out: tests/recipes/test_needs.py), the two
+    checks that need it in-process run in a child pytest with build/megatron-site on its path."""
+    if megatron_path() == "":
+        pytest.skip("megatron-core is importable here: the checks run in this process")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+         IN_PROCESS], capture_output=True, text=True, env=megatron_child_env(), cwd=ROOT, timeout=300,
+    )
+    assert done.returncode == 0 and "2 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
+
+
 @megatron_installed
 def test_distributed_optimizer_state_dict_before_the_first_step(monkeypatch):
     """A resume asks megatron-core's DistributedOptimizer for its state dict before any step (torch's Adam, no TE)."""
