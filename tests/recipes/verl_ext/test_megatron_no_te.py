@@ -13,15 +13,13 @@ import re
 import subprocess
 import sys
 import types
-from pathlib import Path
 
 import pytest
 import verl  # noqa: F401  (imports the plugin through the verl.plugins entry point)
 
 from recipes.verl_ext.plugin import megatron_no_te
-from tests.conftest import megatron_child_env, megatron_path
+from tests.conftest import ROOT, megatron_child_env, megatron_path
 
-ROOT = Path(__file__).resolve().parents[3]
 PATCHED_MODULES = {
     "verl.workers.config.engine",
     "megatron.core.transformer.dot_product_attention",
@@ -50,9 +48,10 @@ def test_the_test_site_pins_what_the_extra_pins():
     """requirements/megatron-site.txt (make install's build/megatron-site for the tests) holds the extra's pins."""
     lines = (ROOT / "requirements" / "megatron-site.txt").read_text().splitlines()
     site = dict(line.split("==") for line in lines if line and not line.startswith("#"))
+    extra = _megatron_extra()
     assert {name: f"=={site[name]}" for name in megatron_no_te.SUPPORTED_MEGATRON} == {
-        name: spec for name, spec in _megatron_extra().items() if name in megatron_no_te.SUPPORTED_MEGATRON}
-    assert set(site) == set(_megatron_extra())  # einops too, which mbridge imports
+        name: spec for name, spec in extra.items() if name in megatron_no_te.SUPPORTED_MEGATRON}
+    assert set(site) == set(extra)  # einops too, which mbridge imports
 
 
 def test_docs_name_the_pinned_versions():
@@ -96,10 +95,8 @@ def test_engine_config_takes_local_spec_values_and_says_nothing(capsys):
     assert (configs[0].use_remove_padding, configs[0].forward_only) == (False, True)
 
 
-megatron_installed = pytest.mark.skipif(
-    importlib.util.find_spec("megatron") is None or importlib.util.find_spec("mbridge") is None,
-    reason="the [megatron] extra is not importable in this process",
-)
+megatron_installed = pytest.mark.skipif(megatron_path() != "",
+                                        reason="the [megatron] extra is not importable in this process")
 megatron_for_children = pytest.mark.skipif(megatron_path() is None,
                                            reason="the [megatron] extra is not installed (make install)")
 

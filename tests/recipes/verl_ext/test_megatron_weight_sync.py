@@ -10,13 +10,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import megatron_child_env, megatron_path
-
-ROOT = Path(__file__).resolve().parents[3]
+from tests.conftest import ROOT, megatron_child_env, megatron_path
 
 pytestmark = [
     pytest.mark.skipif(megatron_path() is None, reason="the [megatron] extra is not installed (make install)"),
