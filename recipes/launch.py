@@ -27,6 +27,7 @@ from hydra.errors import HydraException
 from hydra.types import HydraContext, RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from recipes import gc_threshold
 from recipes.bundle import write_record
 from recipes.compose import (
     adopt_batching,
@@ -56,6 +57,9 @@ ACTIONS = ("validate", "plan", "train")
 
 def run_recipe(recipe: str, argv: list[str] | None = None) -> None:
     """Entry point of ``python -m recipes.<recipe>``."""
+    # the imports ahead (torch, verl) under the pack's default; the run's run.gc_threshold is set before verl's
+    # trainer starts (recipes/verl_ext/api.py)
+    gc_threshold.apply(gc_threshold.DEFAULT)
     argv = list(sys.argv[1:] if argv is None else argv)
     prog = invoked_as(recipe)
     if help_topic(argv)[0]:  # before torch (has_accelerator) and Hydra: help answers at once

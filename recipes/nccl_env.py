@@ -18,6 +18,7 @@ keys that both the job and ``ray.init`` set (Ray refuses that merge unless RAY_O
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -299,7 +300,8 @@ def _probe_runner_class():
         def run(self, config):
             out = OmegaConf.select(config, "probe_out")
             # secret values as *** (recipes/redact.py): the file shows that a token arrived, not the token
-            data = {"pid": os.getpid(), "cwd": os.getcwd(), "env": redact_env(dict(os.environ))}
+            data = {"pid": os.getpid(), "cwd": os.getcwd(), "env": redact_env(dict(os.environ)),
+                    "gc_threshold": list(gc.get_threshold())}  # run.gc_threshold, set by the setup hook
             Path(out).write_text(json.dumps(data, indent=2))
             return data
 

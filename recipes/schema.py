@@ -23,6 +23,7 @@ from typing import Literal
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from recipes import gc_threshold
 from recipes.verl_ext.types import MISSING_VALUE, Expect, conforms, describe, expectation
 
 # -- bounds -------------------------------------------------------------------------------------------------------
@@ -420,6 +421,16 @@ class Run(_Checked):
     allow_overcommit: bool = False
     """go on when the planned peak memory per GPU exceeds cluster.gpu.memory_gib: a warning instead of the error
     (recipes.fit; the planner's memory model is an estimate, for experts who know better)"""
+    gc_threshold: list[int] | None = field(default_factory=lambda: list(gc_threshold.DEFAULT))
+    """Python's garbage-collector thresholds (gen0, gen1, gen2, as gc.set_threshold takes them) in the launcher and
+    in every Ray worker (recipes/gc_threshold.py); null: Python's own (700, 10, 10)"""
+
+    def __post_init__(self):
+        _Checked.__post_init__(self)
+        value = self.gc_threshold
+        if value is not None and (len(value) != 3 or min(value) < 0):
+            raise SchemaError([("gc_threshold", "must be 3 integers >= 0 (gen0, gen1, gen2 of Python's "
+                                                f"gc.set_threshold) or null, got {_show(value)}")])
 
 
 PlanFormat = Literal["table", "json"]

@@ -20,8 +20,14 @@ from pathlib import Path
 
 import pytest
 
+from recipes import gc_threshold
+
 ROOT = Path(__file__).resolve().parents[1]
 """The checkout these tests belong to."""
+
+# the suite's own processes collect garbage as a recipe's do (run.gc_threshold's default; recipes/gc_threshold.py):
+# an in-process recipe run sets it anyway, and a worker that imports torch and verl pays Python's default many times
+gc_threshold.apply(gc_threshold.DEFAULT)
 
 MEGATRON_SITE = ROOT / "build" / "megatron-site"
 """Where ``make install`` puts the ``[megatron]`` extra's packages for the tests (requirements/megatron-site.txt)."""
@@ -166,9 +172,15 @@ def pytest_terminal_summary(terminalreporter):
 
 
 TRAINING_GROUP = "training"
-"""The pytest-xdist group (``--dist loadgroup``, ``make test``) of every test that trains or starts Ray: they run one
-after another on one worker, while the other worker takes the rest. Two trainings at once on 2 cores would only slow
-each other (each keeps ~1.4 cores busy) and make the timing of the signal tests (Ctrl-C at step 3) looser."""
+"""The pytest-xdist group (``--dist loadgroup``, ``make test``) of every test that trains or starts Ray, unless its
+module names :data:`SECOND_TRAINING_GROUP`: the tests of one group run one after another on one worker, so a
+module's (or a session's) shared run is made once. Two groups let both workers train at once: one training leaves a
+core idle for about a third of its time (Ray's start, verl's sequential phases), the other run fills it. Each
+group's modules together take about half of the training time; the other tests fill in around them."""
+
+SECOND_TRAINING_GROUP = "training-2"
+"""The other training group: a module joins it with ``pytest.mark.xdist_group(SECOND_TRAINING_GROUP)`` in its
+``pytestmark`` (modules that share a session-scoped run join the same group)."""
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the group marks
@@ -177,7 +189,7 @@ def pytest_collection_modifyitems(config, items):
         trains = any(item.get_closest_marker(name) for name in ("e2e", "ray"))
         if trains or "recipe_cli" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
-        if trains:
+        if trains and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(TRAINING_GROUP))
     try:
         import torch

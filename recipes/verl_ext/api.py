@@ -15,6 +15,8 @@ import types
 import warnings
 from typing import Literal, get_args
 
+from recipes import gc_threshold
+from recipes.schema import Run, load_section
 from recipes.verl_ext.early_start import EarlyStart, close_transfer_queue
 from recipes.verl_ext.ray_init import pack_ray_init
 from recipes.verl_ext.worker_secrets import take_secrets
@@ -114,6 +116,12 @@ def shutdown_ray() -> None:
         ray.shutdown()
 
 
+def gc_setting(cfg) -> list[int] | None:
+    """``run.gc_threshold`` of ``cfg`` (a config without ``run``: the pack's default)."""
+    node = cfg.get("run")
+    return list(gc_threshold.DEFAULT) if node is None else load_section(Run, node, "run").gc_threshold
+
+
 def run_ppo(cfg, task_runner_class=None) -> None:
     """verl's ``run_ppo`` with its v1 task runner (``trainer.use_v1``) or the legacy one; or a given runner class."""
     from verl.trainer.main_ppo import TaskRunnerV1  # lazy: import verl costs seconds
@@ -127,9 +135,11 @@ def run_ppo(cfg, task_runner_class=None) -> None:
 
             task_runner_class = TaskRunner
     cfg, secrets = take_secrets(cfg)  # secret env vars reach the workers by Ray's setup hook (ray_init.py)
+    threshold = gc_setting(cfg)
+    gc_threshold.apply(threshold)  # this driver's; the workers' by the same setup hook
     if cfg.trainer.use_v1 and task_runner_class is TaskRunnerV1:
         # TransferQueue's actors and the hf rollout's servers start while the task runner imports verl and builds
         # its workers (recipes/verl_ext/early_start.py)
         task_runner_class = EarlyStart(task_runner_class, cfg)
-    with pack_ray_init(secrets):
+    with pack_ray_init(secrets, threshold):
         verl_run_ppo(cfg, task_runner_class=task_runner_class)

@@ -1,6 +1,8 @@
 """What the pack adds to the ``ray.init`` that verl 0.9.1's ``run_ppo`` makes (``ray.init`` wrapped while it runs).
 
-- Secret runtime-env variables reach the workers by Ray's setup hook, not by the logged ``env_vars``
+- Every worker sets the run's garbage-collector thresholds first thing, by Ray's setup hook
+  (``run.gc_threshold``, :mod:`recipes.gc_threshold`).
+- Secret runtime-env variables reach the workers by the same hook, not by the logged ``env_vars``
   (:mod:`recipes.verl_ext.worker_secrets`).
 - The driver's Python signal handlers stay: ``ray.init`` installs its own SIGTERM handler, which ends the process at
   once, so a scheduler's SIGTERM would skip the pack's clean stop (the last checkpoint and the resume command,
@@ -13,24 +15,25 @@ import contextlib
 import functools
 import signal
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
-from recipes.verl_ext.worker_secrets import with_setup_hook
+from recipes import gc_threshold
+from recipes.verl_ext.worker_secrets import setup_hook
 
 KEPT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 @contextlib.contextmanager
-def pack_ray_init(secrets: Mapping[str, str]) -> Iterator[None]:
-    """While open, ``ray.init`` carries ``secrets`` by the setup hook and keeps this process's signal handlers."""
+def pack_ray_init(secrets: Mapping[str, str], gc: Sequence[int] | None = gc_threshold.DEFAULT) -> Iterator[None]:
+    """While open, ``ray.init`` carries the garbage-collector thresholds ``gc`` and ``secrets`` by the setup hook
+    and keeps this process's signal handlers."""
     import ray  # lazy: only a training run starts Ray
 
     original = ray.init
 
     @functools.wraps(original)
     def init(*args, runtime_env=None, **kwargs):
-        if secrets:
-            runtime_env = with_setup_hook(runtime_env, secrets)
+        runtime_env = with_setup_hook(runtime_env, secrets, gc)
         kept = kept_handlers()
         try:
             return original(*args, runtime_env=runtime_env, **kwargs)
@@ -43,6 +46,19 @@ def pack_ray_init(secrets: Mapping[str, str]) -> Iterator[None]:
         yield
     finally:
         ray.init = original
+
+
+def with_setup_hook(runtime_env: Mapping | None, secrets: Mapping[str, str], gc: Sequence[int] | None) -> dict:
+    """``runtime_env`` with a ``worker_process_setup_hook`` that sets the thresholds ``gc``, then ``secrets``, then
+    runs the hook it had already (a function, or Ray's ``"module.function"`` string)."""
+    runtime_env = dict(runtime_env or {})
+    hook = runtime_env.get("worker_process_setup_hook")
+    if secrets:
+        hook = setup_hook(secrets, hook)
+    elif isinstance(hook, str) and hook:
+        hook = setup_hook({}, hook)  # the string form, run by the same path
+    runtime_env["worker_process_setup_hook"] = gc_threshold.setup_hook(gc, hook or None)
+    return runtime_env
 
 
 def kept_handlers() -> dict:

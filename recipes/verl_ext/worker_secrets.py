@@ -51,14 +51,6 @@ def set_environ(secrets: Mapping[str, str]) -> None:
     os.environ.update(secrets)
 
 
-def with_setup_hook(runtime_env: Mapping | None, secrets: Mapping[str, str]) -> dict:
-    """``runtime_env`` with ``worker_process_setup_hook``: :func:`set_environ` with ``secrets``, chained before a
-    hook it had already."""
-    runtime_env = dict(runtime_env or {})
-    runtime_env["worker_process_setup_hook"] = setup_hook(secrets, runtime_env.get("worker_process_setup_hook"))
-    return runtime_env
-
-
 def setup_hook(secrets: Mapping[str, str], then=None):
     """A named function (Ray exports the hook by its name) that sets ``secrets``, then runs ``then``: a hook given
     before, as a function or as Ray's ``"module.function"`` string."""

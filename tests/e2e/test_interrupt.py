@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from recipes.verl_ext.plugin.weight_sync import read_sync_log
-from tests.conftest import checkout_env
+from tests.conftest import SECOND_TRAINING_GROUP, checkout_env
 from tests.e2e.checks import (
     Run,
     assert_rollout_is_the_actor,
@@ -32,7 +32,7 @@ from tests.e2e.checks import (
     watch_recipe,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.slow, pytest.mark.xdist_group(SECOND_TRAINING_GROUP)]
 
 COMMAND = ("trainer.save_freq=2", "cluster.gpus_per_node=2")
 

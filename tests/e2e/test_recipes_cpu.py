@@ -35,7 +35,7 @@ import pytest
 
 from recipes.verl_ext.plugin.hf_rollout import SYNC_WEIGHTS_ENV
 from recipes.verl_ext.plugin.weight_sync import read_sync_log
-from tests.conftest import checkout_env
+from tests.conftest import SECOND_TRAINING_GROUP, checkout_env
 from tests.e2e.checks import (
     DIFF_MAX,
     SYNCED_GAP,
@@ -47,7 +47,7 @@ from tests.e2e.checks import (
     watch_recipe,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.slow, pytest.mark.xdist_group(SECOND_TRAINING_GROUP)]
 
 
 @dataclass

@@ -27,13 +27,14 @@ import pytest
 
 from recipes.verl_ext.demo.run import RunResult, demo_overrides, run_main_ppo
 from recipes.verl_ext.plugin.weight_sync import SYNC_LOG_ENV
+from tests.conftest import SECOND_TRAINING_GROUP
 from tests.e2e.checks import (
     assert_rollout_is_the_actor,
     assert_the_batch_is_split_over,
     assert_weight_sync_through_the_resharder,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.slow, pytest.mark.xdist_group(SECOND_TRAINING_GROUP)]
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -46,6 +46,9 @@ BAD = [
     ("kl_ppo", ["strategy=megatron", "parallel=tp4pp2", "layout.infer.tp=3"],
      "layout.infer: dp=-1 needs tp(3)*pp(1)=3 to divide world_size 8"),
     ("grpo", ["cluster.nnodes=0"], "cluster.nnodes: must be a positive integer, got 0"),
+    ("grpo", ["run.gc_threshold=[50000,20]"],
+     "run.gc_threshold: must be 3 integers >= 0 (gen0, gen1, gen2 of Python's gc.set_threshold) or null, got "
+     "[50000, 20]"),
     ("grpo", ["action=deploy"], "action: unknown action 'deploy'; choose from validate, plan, train"),
     ("grpo", ["actor_rollout_ref.rollout.n=0"], "actor_rollout_ref.rollout.n: must be a positive integer, got 0"),
     # verl's engine switch: adopted as the pack's strategy, refused where the two disagree or the pack has none

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import SECOND_TRAINING_GROUP
 from tests.readme import check_block
 from tests.recipes.conftest import sweep_records
 
@@ -45,6 +46,7 @@ def _compare_with_readme(stdout_lines: list[str], workdir: Path) -> None:
 @pytest.mark.e2e
 @pytest.mark.ray
 @pytest.mark.slow
+@pytest.mark.xdist_group(SECOND_TRAINING_GROUP)  # the sweep's run is shared with test_stability_cpu.py
 def test_a_local_training_sweep_finishes_every_job(training_sweep):
     """Ray is shut down and the environment restored between jobs of one process: the second job trains too (the
     sweep: tests/recipes/conftest.py ``training_sweep``)."""

@@ -66,10 +66,12 @@ def test_the_token_reaches_a_worker_through_verls_run_ppo_and_no_log_holds_it(tm
         out = tmp_path / "worker_env.json"
         proc = subprocess.run(
             [sys.executable, "-m", "recipes.nccl_env", "--probe", str(out), "grpo",
-             f"+{ENV_KEY}.HF_TOKEN={PLANTED}"],
+             f"+{ENV_KEY}.HF_TOKEN={PLANTED}", "run.gc_threshold=[12345,6,7]"],
             cwd=tmp_path, env=checkout_env({"RAY_TMPDIR": ray_tmp}), capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
-        assert json.loads(out.read_text())["env"]["HF_TOKEN"] == "***"  # it arrived (the probe redacts its record)
+        seen = json.loads(out.read_text())
+        assert seen["env"]["HF_TOKEN"] == "***"  # it arrived (the probe redacts its record)
+        assert seen["gc_threshold"] == [12345, 6, 7]  # run.gc_threshold, by the same setup hook
         assert "  HF_TOKEN=***    # ray_kwargs.ray_init.runtime_env.env_vars" in proc.stdout
         assert "ray init kwargs" in proc.stdout and PLANTED not in proc.stdout + proc.stderr
         assert _files_holding(Path(ray_tmp), PLANTED) == [] and _files_holding(tmp_path, PLANTED) == []

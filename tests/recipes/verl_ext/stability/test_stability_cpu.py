@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.slow]
+from tests.conftest import SECOND_TRAINING_GROUP
+
+pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.slow, pytest.mark.xdist_group(SECOND_TRAINING_GROUP)]
 
 
 @dataclass
