@@ -321,10 +321,23 @@ def _configurable_poll_interval(replay_buffer) -> None:
     wrap_once(replay_buffer.ReplayBuffer, "__init__", "_hybrid_engine_poll", wrap)
 
 
+def _router_by_value(router) -> None:
+    """verl's request load balancer reaches its Ray worker by value (its code in the pickle), not by a reference to
+    verl's module: ``GlobalRequestLoadBalancer`` is plain Python over ``ray``, ``random`` and ``cachetools``, and its
+    worker then builds it without importing torch and verl (4-5 CPU-s on 2 cores, while the agent-loop workers start
+    for the first step). The same class, the same calls."""
+    require_supported_verl()
+    import ray.cloudpickle  # lazy: the router module is imported only where Ray runs
+
+    ray.cloudpickle.register_pickle_by_value(router)
+
+
 def apply_trainer_patches() -> None:
-    """What every run needs of verl's v1 trainer, on any device: the replay buffer's poll interval from config."""
+    """What every run needs of verl's v1 trainer, on any device: the replay buffer's poll interval from config; the
+    request load balancer's worker without verl's imports."""
     require_supported_verl()
     when_imported("verl.trainer.ppo.v1.replay_buffer", _configurable_poll_interval)
+    when_imported("verl.workers.rollout.router", _router_by_value)
 
 
 def apply_rollout_patches() -> None:
