@@ -58,8 +58,9 @@ ACTIONS = ("validate", "plan", "train")
 def run_recipe(recipe: str, argv: list[str] | None = None) -> None:
     """Entry point of ``python -m recipes.<recipe>``."""
     # the imports ahead (torch, verl) under the pack's default; the run's run.gc_threshold is set before verl's
-    # trainer starts (recipes/verl_ext/api.py)
+    # trainer starts (recipes/verl_ext/api.py); registered first, the freeze runs after every other atexit handler
     gc_threshold.apply(gc_threshold.DEFAULT)
+    gc_threshold.freeze_at_exit()
     argv = list(sys.argv[1:] if argv is None else argv)
     prog = invoked_as(recipe)
     if help_topic(argv)[0]:  # before torch (has_accelerator) and Hydra: help answers at once
