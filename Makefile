@@ -1,7 +1,8 @@
 # klppo-recipes: `make help` lists the targets.
 SHELL := /bin/bash
 PYTHON ?= python
-# pytest-xdist workers for test and test-fast: the training runs go to one of them, one after another (tests/conftest.py)
+# pytest-xdist workers for test and test-fast: the training runs go in two groups, one run at a time on each worker
+# (tests/conftest.py)
 PYTEST_WORKERS ?= 2
 
 .PHONY: help install demo test test-fast test-cluster lint lock bench-plan

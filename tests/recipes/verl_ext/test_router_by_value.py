@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import checkout_env
 
 PICKLE = """
@@ -29,6 +31,7 @@ print(sorted(name for name in ("verl", "torch", "transformers") if name in sys.m
 """
 
 
+@pytest.mark.slow  # two child interpreters, one of them importing verl
 def test_the_load_balancer_is_built_without_verl_and_routes_as_verls():
     env = checkout_env()
     pickled = subprocess.run([sys.executable, "-c", PICKLE], env=env, capture_output=True, timeout=300)
