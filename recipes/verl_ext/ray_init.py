@@ -52,12 +52,9 @@ def with_setup_hook(runtime_env: Mapping | None, secrets: Mapping[str, str], gc:
     """``runtime_env`` with a ``worker_process_setup_hook`` that sets the thresholds ``gc``, then ``secrets``, then
     runs the hook it had already (a function, or Ray's ``"module.function"`` string)."""
     runtime_env = dict(runtime_env or {})
-    hook = runtime_env.get("worker_process_setup_hook")
-    if secrets:
-        hook = setup_hook(secrets, hook)
-    elif isinstance(hook, str) and hook:
-        hook = setup_hook({}, hook)  # the string form, run by the same path
-    runtime_env["worker_process_setup_hook"] = gc_threshold.setup_hook(gc, hook or None)
+    # the secrets hook runs a given hook in either form (no secrets: it sets nothing)
+    then = setup_hook(secrets, runtime_env.get("worker_process_setup_hook"))
+    runtime_env["worker_process_setup_hook"] = gc_threshold.setup_hook(gc, then)
     return runtime_env
 
 
