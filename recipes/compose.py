@@ -9,6 +9,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 
+from recipes import hydra_cache
 from recipes.confdir import conf_dir, group_options, pack_groups, recipe_defaults
 from recipes.errors import ConfigError
 from recipes.layout_keys import ROLE_STRATEGY_KEYS
@@ -19,7 +20,8 @@ RECIPES = ("grpo", "kl_ppo")
 
 
 def compose_recipe(recipe: str, overrides: list[str] | None = None) -> DictConfig:
-    """The composed (unresolved) config of `recipe` with command-line style `overrides`; ConfigError if it fails."""
+    """The composed (unresolved) config of `recipe` with command-line style `overrides`; ConfigError if it fails.
+    After the first, compositions in this process reuse the config files Hydra parsed (recipes/hydra_cache.py)."""
     if recipe not in RECIPES:
         raise ConfigError(f"recipe: unknown recipe {recipe!r}; choose from {', '.join(RECIPES)}")
     register_resolvers()
@@ -33,6 +35,8 @@ def compose_recipe(recipe: str, overrides: list[str] | None = None) -> DictConfi
             return compose(config_name=recipe, overrides=overrides)
     except HydraException as error:
         raise ConfigError(explain_hydra_error(error, overrides, recipe)) from None
+    finally:
+        hydra_cache.install()  # not before the first: keeping the files costs a copy each, once
 
 
 # verl 0.9.1's other primary configs of main_ppo, each its ppo_trainer with one switch
