@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 from pathlib import Path
 
 from recipes.records import WriteFailed, replace_from
@@ -120,7 +119,7 @@ class ProgressPrinter:
     def _run(self):
         while not self._stop.is_set():
             self._flush()
-            time.sleep(self.interval)
+            self._stop.wait(self.interval)  # wakes at once when the run ends (__exit__ joins this thread)
 
 
 def plot_metrics(metrics_path: Path, png_path: Path, title: str = "", kl_keys: tuple[str, ...] = KL_KEYS,

@@ -85,7 +85,31 @@ def close_transfer_queue() -> None:
     tq = sys.modules.get("transfer_queue")
     if tq is None:
         return
+    kill_storage_units()
     try:
         tq.close()
     except Exception as error:  # noqa: BLE001 - Ray may already be down; the actors died with it
         logger.debug("TransferQueue close: %s", error)
+
+
+def kill_storage_units() -> None:
+    """The storage units this process started, killed, and TransferQueue told they are gone.
+
+    TransferQueue's ``close()`` asks each SimpleStorage unit to stop and waits for it; the unit joins its worker
+    thread, which polls its socket once a second: about 1 s at the end of every run, though the units hold nothing
+    the run still needs and ``ray.shutdown`` ends them as surely. Here they are killed (``ray.kill`` does not wait)
+    and TransferQueue's record of them (``transfer_queue.interface._TQ_STORAGE``, the TransferQueue verl 0.9.1
+    installs) is cleared, so ``close()`` goes on to the client and the controller only. Other backends are left to
+    ``close()``."""
+    interface = sys.modules.get("transfer_queue.interface")
+    storage = getattr(interface, "_TQ_STORAGE", None)
+    if not storage or set(storage) != {"SimpleStorage"}:
+        return
+    import ray  # lazy: only a training run has started Ray
+
+    for handle in storage["SimpleStorage"].values():
+        try:
+            ray.kill(handle)
+        except Exception as error:  # noqa: BLE001 - already gone with Ray; nothing else to release
+            logger.debug("TransferQueue storage unit: %s", error)
+    interface._TQ_STORAGE = None

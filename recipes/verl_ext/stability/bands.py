@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import threading
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -232,7 +231,7 @@ class BandMonitor:
     def _run(self):
         while not self._stop.is_set():
             self._flush()
-            time.sleep(self.interval)
+            self._stop.wait(self.interval)  # wakes at once when the run ends (__exit__ joins this thread)
 
 
 
