@@ -44,8 +44,8 @@ class EarlyStart:
 
 
 def start_early(config, started: list) -> None:
-    """TransferQueue, then the hf rollout's servers (they start while verl's task runner builds its workers); the
-    servers' handles go into ``started``."""
+    """TransferQueue, then the hf rollout's servers (they start while verl's task runner builds its workers), then
+    verl's reward-loop workers (recipes/verl_ext/early_reward.py); the handles go into ``started``."""
     begun = time.perf_counter()
     tq_ok = start_transfer_queue(config.transfer_queue)
     try:
@@ -56,8 +56,17 @@ def start_early(config, started: list) -> None:
     except Exception as error:  # noqa: BLE001 - the replicas start their servers themselves then
         logger.warning("early start of the hf rollout's servers failed (%s); verl's replicas start them", error)
         servers = []
+    try:
+        from recipes.verl_ext.early_reward import start as start_reward_workers  # lazy: imports verl's reward loop
+
+        rewarders = start_reward_workers(config)
+        started.extend(rewarders)
+    except Exception as error:  # noqa: BLE001 - verl's reward-loop manager creates its own then
+        logger.warning("early start of the reward-loop workers failed (%s); verl starts them", error)
+        rewarders = []
     print(f"{MARKER}: TransferQueue {'up' if tq_ok else 'left to the task runner'} after "
-          f"{time.perf_counter() - begun:.1f} s; hf rollout servers started: {len(servers)}", flush=True)
+          f"{time.perf_counter() - begun:.1f} s; hf rollout servers started: {len(servers)}; reward-loop workers "
+          f"started: {len(rewarders)}", flush=True)
 
 
 def start_transfer_queue(conf) -> bool:

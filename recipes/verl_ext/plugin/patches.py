@@ -332,12 +332,33 @@ def _router_by_value(router) -> None:
     ray.cloudpickle.register_pickle_by_value(router)
 
 
+def _early_reward_workers(reward_loop) -> None:
+    """verl's reward-loop manager takes the reward-loop workers the driver started early, when they were made for
+    its config, else creates its own (recipes/verl_ext/early_reward.py)."""
+    require_supported_verl()
+    from recipes.verl_ext import early_reward  # lazy: the module is for verl's task runner only
+
+    def wrap(original):
+        @functools.wraps(original)
+        def _init_reward_loop_workers(self):
+            adopted = early_reward.adopt(self)
+            if adopted is None:
+                original(self)
+            else:
+                self.reward_loop_workers = adopted
+
+        return _init_reward_loop_workers
+
+    wrap_once(reward_loop.RewardLoopManager, "_init_reward_loop_workers", "_hybrid_engine_early_reward", wrap)
+
+
 def apply_trainer_patches() -> None:
     """What every run needs of verl's v1 trainer, on any device: the replay buffer's poll interval from config; the
-    request load balancer's worker without verl's imports."""
+    request load balancer's worker without verl's imports; the reward-loop workers started early adopted."""
     require_supported_verl()
     when_imported("verl.trainer.ppo.v1.replay_buffer", _configurable_poll_interval)
     when_imported("verl.workers.rollout.router", _router_by_value)
+    when_imported("verl.experimental.reward_loop.reward_loop", _early_reward_workers)
 
 
 def apply_rollout_patches() -> None:
