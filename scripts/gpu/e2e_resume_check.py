@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -63,6 +64,15 @@ def learning(rows: dict[int, dict], k: int) -> dict:
     }
 
 
+def same(x, y) -> bool:
+    """Equal values, two numbers within float rounding (relative 1e-9): a coefficient saved as 0.049999999999999996
+    and logged as 0.05 is the same one; a controller that started again (0.05 against 0.016) is not."""
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (x, y))
+    if numbers:
+        return math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-15)
+    return x == y
+
+
 def resume(first: Path, resumed: Path, save: int) -> dict:
     a, b = metrics(first), metrics(resumed)
     saved = kl_state(first, save)
@@ -76,8 +86,8 @@ def resume(first: Path, resumed: Path, save: int) -> dict:
     # every coefficient the first resumed step uses comes out of the restored state, as the first run's did there
     first_a, first_b = a.get(save + 1, {}), b.get(save + 1, {})
     used = {key: metric for key, metric in USED.items() if metric in first_b}
-    out["first_resumed_step_equal"] = {metric: first_a.get(metric) == first_b[metric] for metric in used.values()}
-    out["saved_equals_used"] = {metric: (saved or {}).get(key) == first_b[metric] for key, metric in used.items()}
+    out["first_resumed_step_equal"] = {metric: same(first_a.get(metric), first_b[metric]) for metric in used.values()}
+    out["saved_equals_used"] = {metric: same((saved or {}).get(key), first_b[metric]) for key, metric in used.items()}
     primary = next(iter(used), None)
     out["saved_coef"] = (saved or {}).get(primary) if primary else None
     out["resumed_first_coef"] = first_b[used[primary]] if primary else None
@@ -94,7 +104,7 @@ def resume(first: Path, resumed: Path, save: int) -> dict:
     last = max(b, default=None)
     end_a, end_b = (kl_state(first, last), kl_state(resumed, last)) if last else (None, None)
     if end_a and end_b:
-        out["final_kl_state_equal"] = {k: end_a[k] == end_b[k] for k in ("step", "loss_coef", "reward_coef")}
+        out["final_kl_state_equal"] = {k: same(end_a[k], end_b[k]) for k in ("step", "loss_coef", "reward_coef")}
     return out
 
 

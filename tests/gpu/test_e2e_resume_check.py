@@ -55,6 +55,15 @@ def test_a_resume_that_holds_and_the_reward_margin(tmp_path):
     assert "margin +0.110" in stdout
 
 
+def test_a_coefficient_read_back_through_float_rounding_holds(tmp_path):
+    """H200, 2026-12-05: the checkpoint held 0.049999999999999996 and the resumed step logged 0.05: the same value
+    (the script said False before)."""
+    rc, result, stdout = _check(tmp_path, [0.02048 * (1 + 1e-15), 0.016, 0.013, 0.011])
+    assert rc == 0, stdout
+    assert result["resume"]["kl_state_read_back"] is True
+    assert result["resume"]["saved_equals_used"] == {"kl_control/loss_coef": True}
+
+
 @pytest.mark.parametrize(
     ("coefs", "steps", "broken"),
     [
