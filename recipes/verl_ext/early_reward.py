@@ -9,8 +9,9 @@ with the same arguments, under names that carry a digest of the config they were
 ``_init_reward_loop_workers`` (:func:`adopt`, installed by ``recipes.verl_ext.plugin.patches``) takes them by name
 when its own config has that digest, and otherwise ends them and creates verl's own, as without this.
 
-Only for rule-based reward: with a reward model the workers need the model's router address, which exists only once
-the task runner has started the model.
+Only for rule-based reward (with a reward model the workers need the model's router address, which exists only once
+the task runner has started the model) and on one node (verl spreads the workers over the nodes; the early start
+would put them all on the driver's).
 """
 
 from __future__ import annotations
@@ -62,8 +63,8 @@ def worker_names(config) -> list[str]:
 def start(config) -> list:
     """The reward-loop workers for ``config``, created as verl's manager creates them (non-blocking); their handles
     (the caller holds them for the run: Ray ends an actor once no handle to it is left in its owner). None made
-    with a reward model."""
-    if config.reward.reward_model.enable:
+    with a reward model or over several nodes."""
+    if config.reward.reward_model.enable or int(config.trainer.nnodes) != 1:
         return []
     import ray  # lazy: only a training run starts Ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # lazy: as above

@@ -36,11 +36,14 @@ def test_what_verl_sets_on_the_way_keeps_the_digest_and_anything_else_changes_it
         assert early_reward.config_digest(other) != driver, key
 
 
-def test_one_name_per_reward_worker_and_none_with_a_reward_model():
+def test_one_name_per_reward_worker_and_none_with_a_reward_model_or_several_nodes():
     cfg = _config()
     OmegaConf.update(cfg, "reward.num_workers", 3)
     names = early_reward.worker_names(cfg)
     assert len(names) == 3 and len(set(names)) == 3
     assert all(n.startswith(early_reward.PREFIX + early_reward.config_digest(cfg)) for n in names)
+    several = copy.deepcopy(cfg)
+    OmegaConf.update(several, "trainer.nnodes", 2)
+    assert early_reward.start(several) == []  # verl spreads them over the nodes: left to verl
     OmegaConf.update(cfg, "reward.reward_model.enable", True)
     assert early_reward.start(cfg) == []  # the model's router address exists only once the task runner starts it
