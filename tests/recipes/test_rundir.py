@@ -65,6 +65,7 @@ def test_two_runs_started_together_never_share_a_folder(tmp_path):
     assert len(folders) == 2
 
 
+@pytest.mark.slow  # 5.7-8.2 s on 2 cores (CI, 2026-12-05): a multirun of validations in-process
 def test_a_sweep_gets_a_folder_of_its_own(tmp_path, recipe_main):
     start = datetime.now()
     for seconds in range(60):  # another sweep holds every name this one could take in the next minute

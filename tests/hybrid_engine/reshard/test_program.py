@@ -233,6 +233,7 @@ def _feeder_syncs(rank: int, world: int, syncs: int) -> dict:
     return report
 
 
+@pytest.mark.slow  # 7.5-8.7 s on 2 cores (CI, 2026-12-05)
 def test_weight_syncs_reuse_one_resharder_and_its_compiled_programs():
     reports = run_world(_feeder_syncs, 2, 3)
     feeder, other = reports
