@@ -267,7 +267,7 @@ def _sharded_export(engine_class: str, export_name: str):
             @functools.wraps(original)
             def get_per_tensor_param(self, *args, **kwargs):
                 # lazy: verl imports this module in every process; only one whose engine exports weights needs it
-                from recipes.verl_ext.plugin import weight_sync
+                import recipes.verl_ext.plugin.weight_sync as weight_sync
 
                 per_tensor_param, peft_config = original(self, *args, **kwargs)  # also loads offloaded weights
                 if peft_config is not None:
