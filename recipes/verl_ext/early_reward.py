@@ -87,7 +87,7 @@ def adopt(manager) -> list | None:
         return None
     wanted = worker_names(manager.config)
     present = [name for name in ray.util.list_named_actors() if name.startswith(PREFIX)]
-    if sorted(present) == sorted(wanted):
+    if present and sorted(present) == sorted(wanted):
         print(f"reward loop: the manager takes the workers started early ({', '.join(wanted)})", flush=True)
         return [ray.get_actor(name) for name in wanted]
     for name in present:

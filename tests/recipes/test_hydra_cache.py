@@ -27,7 +27,7 @@ def _composed(commands) -> list[str]:
     return [OmegaConf.to_yaml(compose_recipe(recipe, list(overrides))) for recipe, overrides in commands]
 
 
-def test_kept_files_compose_what_hydra_composes(hydras_own, monkeypatch):
+def test_kept_files_compose_what_hydra_composes(hydras_own):
     # Hydra's own: compose_recipe installs the cache after its first composition, so take it out after each
     hydras = []
     for command in COMMANDS:
