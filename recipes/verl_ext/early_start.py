@@ -45,7 +45,8 @@ class EarlyStart:
 
 def start_early(config, started: list) -> None:
     """TransferQueue, then the hf rollout's servers (they start while verl's task runner builds its workers), then
-    verl's reward-loop workers (recipes/verl_ext/early_reward.py); the handles go into ``started``."""
+    verl's reward-loop workers (recipes/verl_ext/early_reward.py) and the agent-loop workers' processes
+    (recipes/verl_ext/early_agent_loop.py); the handles go into ``started``."""
     begun = time.perf_counter()
     tq_ok = start_transfer_queue(config.transfer_queue)
     try:
@@ -64,9 +65,17 @@ def start_early(config, started: list) -> None:
     except Exception as error:  # noqa: BLE001 - verl's reward-loop manager creates its own then
         logger.warning("early start of the reward-loop workers failed (%s); verl starts them", error)
         rewarders = []
+    try:
+        from recipes.verl_ext.early_agent_loop import start as start_agent_loop_workers  # lazy: for training only
+
+        agents = start_agent_loop_workers(config)
+        started.extend(agents)
+    except Exception as error:  # noqa: BLE001 - verl's agent-loop manager creates its own then
+        logger.warning("early start of the agent-loop workers failed (%s); verl starts them", error)
+        agents = []
     print(f"{MARKER}: TransferQueue {'up' if tq_ok else 'left to the task runner'} after "
           f"{time.perf_counter() - begun:.1f} s; hf rollout servers started: {len(servers)}; reward-loop workers "
-          f"started: {len(rewarders)}", flush=True)
+          f"started: {len(rewarders)}; agent-loop workers started: {len(agents)}", flush=True)
 
 
 def start_transfer_queue(conf) -> bool:

@@ -65,15 +65,19 @@ def test_the_terminal_shows_the_packs_lines_and_the_log_holds_verls(demo):
 def test_transfer_queue_and_the_rollout_server_start_while_verl_starts(demo):
     """recipes/verl_ext/early_start.py: TransferQueue up from the driver, and the replica took the server it started
     (not a second one of its own), so verl's task runner waited for neither; verl's reward-loop manager took the
-    reward-loop worker started early (recipes/verl_ext/early_reward.py), and no second one ran."""
+    reward-loop worker started early (recipes/verl_ext/early_reward.py) and its agent-loop manager the agent-loop
+    worker process started early (recipes/verl_ext/early_agent_loop.py), and no second one of either ran."""
     log = (demo.run_dir / "verl.log").read_text()
     early = [line for line in log.splitlines() if line.startswith("early start:")]
     assert early and "TransferQueue up after" in early[0]
-    assert early[0].endswith("hf rollout servers started: 1; reward-loop workers started: 1"), early[0]
+    assert early[0].endswith(
+        "hf rollout servers started: 1; reward-loop workers started: 1; agent-loop workers started: 1"), early[0]
     assert "replica 0 takes the server hf_server_0 started early" in log
     assert len(set(re.findall(r"\(HFServer pid=(\d+)\)", log))) == 1, "more than one hf rollout server process"
     assert "reward loop: the manager takes the workers started early (klppo_early_reward_loop_" in log
     assert len(set(re.findall(r"\(RewardLoopWorker pid=(\d+)\)", log))) == 1, "more than one reward-loop worker"
+    assert "agent loop: the manager takes the workers started early (klppo_early_agent_loop_0)" in log
+    assert len(set(re.findall(r"\(AgentLoopWorkerTQ pid=(\d+)\)", log))) == 1, "more than one agent-loop worker"
 
 
 def test_reward_rises_while_kl_stays_in_its_band(demo):

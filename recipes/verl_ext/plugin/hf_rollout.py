@@ -43,6 +43,7 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import CONTROL_METHOD_CONCURRENCY, RolloutReplica, TokenOutput
 
 from recipes import envvars
+from recipes.verl_ext import hf_server_actor
 from recipes.verl_ext.plugin.packed_weights import PackedWeights, pack, unpack
 from recipes.verl_ext.plugin.weight_sync import (
     SyncCheckFailed,
@@ -416,8 +417,10 @@ def start_servers(config) -> list:
 
 
 def start_server(name: str, node_id: str, max_concurrency: int, config, model_config, replica_rank: int):
-    """One :class:`HFServer` actor of that name on that node (no CPU reserved: generation shares the node)."""
-    return ray.remote(HFServer).options(
+    """One :class:`HFServer` actor of that name on that node (no CPU reserved: generation shares the node). Ray
+    gets the shell class of :mod:`recipes.verl_ext.hf_server_actor`: a holder of the handle (verl's load balancer)
+    then loads no torch and no verl."""
+    return ray.remote(hf_server_actor.HFServer).options(
         name=name,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
         max_concurrency=max_concurrency,

@@ -352,13 +352,35 @@ def _early_reward_workers(reward_loop) -> None:
     wrap_once(reward_loop.RewardLoopManager, "_init_reward_loop_workers", "_hybrid_engine_early_reward", wrap)
 
 
+def _early_agent_loop_workers(agent_loop) -> None:
+    """verl's agent-loop manager takes the worker processes the driver started early, built with its own arguments,
+    else creates its own (recipes/verl_ext/early_agent_loop.py)."""
+    require_supported_verl()
+    from recipes.verl_ext import early_agent_loop  # lazy: the module is for verl's task runner only
+
+    def wrap(original):
+        @functools.wraps(original)
+        async def _init_agent_loop_workers(self):
+            adopted = await early_agent_loop.adopt(self)
+            if adopted is None:
+                await original(self)
+            else:
+                self.agent_loop_workers = adopted
+
+        return _init_agent_loop_workers
+
+    wrap_once(agent_loop.AgentLoopManager, "_init_agent_loop_workers", "_hybrid_engine_early_agent_loop", wrap)
+
+
 def apply_trainer_patches() -> None:
     """What every run needs of verl's v1 trainer, on any device: the replay buffer's poll interval from config; the
-    request load balancer's worker without verl's imports; the reward-loop workers started early adopted."""
+    request load balancer's worker without verl's imports; the reward-loop and agent-loop workers started early
+    adopted."""
     require_supported_verl()
     when_imported("verl.trainer.ppo.v1.replay_buffer", _configurable_poll_interval)
     when_imported("verl.workers.rollout.router", _router_by_value)
     when_imported("verl.experimental.reward_loop.reward_loop", _early_reward_workers)
+    when_imported("verl.experimental.agent_loop.agent_loop", _early_agent_loop_workers)
 
 
 def apply_rollout_patches() -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 
@@ -41,4 +42,33 @@ def test_the_load_balancer_is_built_without_verl_and_routes_as_verls():
     assert built.returncode == 0, built.stderr.decode()[-3000:]
     routed, imported = built.stdout.decode().splitlines()
     assert routed == "True True 1 2"
+    assert imported == "[]"
+
+
+# a fresh interpreter, as a Ray worker that unpickles a server's handle is: Ray loads the actor class it stored
+LOAD_SERVER_CLASS = """
+import pickle, sys
+cls = pickle.loads(sys.stdin.buffer.read())
+print(cls.__name__, sorted(m for m in dir(cls) if not m.startswith("_") and callable(getattr(cls, m))))
+print(sorted(name for name in ("verl", "torch", "transformers") if name in sys.modules))
+"""
+
+
+def test_a_holder_of_an_hf_server_handle_loads_neither_torch_nor_verl():
+    """What Ray 2.60 stores for the hf server's actor class and loads in every process that unpickles a handle to
+    it (verl's load balancer): the shell of ``hf_server_actor``, with every public method of the plugin's server."""
+    from ray._common.serialization import pickle_dumps
+    from ray.actor import _modify_class
+
+    from recipes.verl_ext import hf_server_actor
+    from recipes.verl_ext.plugin.hf_rollout import HFServer
+
+    stored = pickle_dumps(_modify_class(hf_server_actor.HFServer), "the hf server's actor class")
+    loaded = subprocess.run([sys.executable, "-c", LOAD_SERVER_CLASS], input=stored, env=checkout_env(),
+                            capture_output=True, timeout=120)
+    assert loaded.returncode == 0, loaded.stderr.decode()[-3000:]
+    described, imported = loaded.stdout.decode().splitlines()
+    server_methods = sorted(m for m in vars(HFServer) if not m.startswith("_") and inspect.iscoroutinefunction(
+        vars(HFServer)[m]))
+    assert described == f"HFServer {server_methods}"
     assert imported == "[]"
