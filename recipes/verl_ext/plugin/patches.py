@@ -37,6 +37,15 @@ and the FSDP engine's own reference)        every token (``logprobs_from_logits_
 ``MegatronEngine.get_per_tensor_param``     the same for strategy=megatron (``weight_sync.export_megatron_sharded``):
                                             the GPTModel's own parameters beside mbridge's generator; verl's for
                                             LoRA/QAT/virtual pipeline/context or expert parallelism.
+``verl.workers.rollout.router``             pickled by value: the request load balancer's Ray worker builds it
+                                            without importing verl and torch.
+``RewardLoopManager._init_reward_loop_      take the reward-loop workers and the agent-loop worker processes the
+workers``, ``AgentLoopManager._init_agent_  driver started early (``early_reward``, ``early_agent_loop``), else
+loop_workers``                              start verl's own.
+``agent_loop.hydra`` (``instantiate``)      verl builds one agent loop per sample through Hydra's
+                                            ``instantiate`` (OmegaConf merges: a fifth of the agent-loop worker's
+                                            CPU on the CPU demo); a registry entry that names only its class is
+                                            built by calling the class with the same arguments.
 ==========================================  ===================================================================
 
 Patches to modules that are slow to import (the engines pull in transformers and peft) are applied right after the
@@ -372,6 +381,41 @@ def _early_agent_loop_workers(agent_loop) -> None:
     wrap_once(agent_loop.AgentLoopManager, "_init_agent_loop_workers", "_hybrid_engine_early_agent_loop", wrap)
 
 
+class _DirectUtils:
+    """``hydra.utils`` as verl's agent-loop module sees it: ``instantiate`` calls the class of a config that is only
+    ``{"_target_": "module.Class"}`` (what verl's ``register`` records) with the keyword arguments as given, as
+    Hydra calls it (verl wraps its configs and tool lists so that Hydra passes them on unconverted); any other
+    config, or positional arguments, go to Hydra's own ``instantiate``. The rest is Hydra's."""
+
+    def __init__(self, utils) -> None:
+        self._utils = utils
+
+    def __getattr__(self, name: str):
+        return getattr(self._utils, name)
+
+    def instantiate(self, config, *args, **kwargs):
+        if not args and isinstance(config, dict) and set(config) == {"_target_"}:
+            return self._utils.get_class(config["_target_"])(**kwargs)
+        return self._utils.instantiate(config, *args, **kwargs)
+
+
+class _HydraDirect:
+    """``hydra`` as verl's agent-loop module sees it: Hydra, with :class:`_DirectUtils` as ``utils``."""
+
+    def __init__(self, hydra_module) -> None:
+        self._hydra = hydra_module
+        self.utils = _DirectUtils(hydra_module.utils)
+
+    def __getattr__(self, name: str):
+        return getattr(self._hydra, name)
+
+
+def _direct_agent_loop_instantiate(agent_loop) -> None:
+    require_supported_verl()
+    if not isinstance(agent_loop.hydra, _HydraDirect):
+        agent_loop.hydra = _HydraDirect(agent_loop.hydra)
+
+
 def apply_trainer_patches() -> None:
     """What every run needs of verl's v1 trainer, on any device: the replay buffer's poll interval from config; the
     request load balancer's worker without verl's imports; the reward-loop and agent-loop workers started early
@@ -381,6 +425,7 @@ def apply_trainer_patches() -> None:
     when_imported("verl.workers.rollout.router", _router_by_value)
     when_imported("verl.experimental.reward_loop.reward_loop", _early_reward_workers)
     when_imported("verl.experimental.agent_loop.agent_loop", _early_agent_loop_workers)
+    when_imported("verl.experimental.agent_loop.agent_loop", _direct_agent_loop_instantiate)
 
 
 def apply_rollout_patches() -> None:
