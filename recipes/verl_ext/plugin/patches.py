@@ -28,6 +28,8 @@ what                                        why
 and the FSDP engine's own reference)        every token (``logprobs_from_logits_v2``); on a GPU machine without
                                             it the plugin's ``logprobs.chunked_logprobs`` (fp32 logsumexp in
                                             chunks, flash-attn's in-place backward) takes its place.
+``FSDPEngine*.forward_step`` (CPU)          the micro batch is marked as on the CPU before verl's
+                                            ``micro_batch.to("cpu")``, which otherwise walks every per-sample entry.
 ``initialize_global_process_group_ray``     verl asks torch for ``"cpu:gloo,<device>:<backend>"``, which is
                                             ``"cpu:gloo,cpu:gloo"`` on the CPU: torch rejects the duplicate.
 ``FSDPEngine.get_per_tensor_param``         in a process hosting the ``hf`` rollout, the export also carries the
@@ -494,6 +496,29 @@ def _register_varlen_attention(_module=None) -> None:
     register()
 
 
+def _cpu_micro_batches_in_place(transformer_impl) -> None:
+    """On the CPU, each FSDP engine's ``forward_step`` begins with ``micro_batch.to("cpu")``: a tensordict without a
+    device walks every per-sample entry to move tensors that are already there (a tenth of a second per step on the
+    KL-PPO demo). The micro batch is marked as on the CPU first, where every tensor of the process is, so the move
+    returns it as it is (tensordict's own path for a batch already on the target device)."""
+    require_supported_verl()
+    import torch  # lazy: a patch, run once the FSDP engines are imported
+
+    cpu = torch.device("cpu")
+
+    def wrap(original):
+        @functools.wraps(original)
+        def forward_step(self, micro_batch, *args, **kwargs):
+            if getattr(micro_batch, "_device", cpu) is None:
+                micro_batch._device = cpu
+            return original(self, micro_batch, *args, **kwargs)
+
+        return forward_step
+
+    for engine in (transformer_impl.FSDPEngineWithLMHead, transformer_impl.FSDPEngineWithValueHead):
+        wrap_once(engine, "forward_step", "_hybrid_engine_cpu_micro_batch", wrap)
+
+
 def apply_cpu_patches() -> None:
     """What verl's CPU run needs beyond the platform. Only called when the CPU platform is wanted."""
     require_supported_verl()
@@ -501,3 +526,4 @@ def apply_cpu_patches() -> None:
     when_imported("verl.utils.model", _sdpa_value_model)
     when_imported("verl.workers.engine", _register_cpu_engines)
     when_imported("verl.workers.engine.fsdp.transformer_impl", _unpinned_cpu_offload)
+    when_imported("verl.workers.engine.fsdp.transformer_impl", _cpu_micro_batches_in_place)
