@@ -1,4 +1,4 @@
-"""The Ray actor class of the ``hf`` rollout server: a shell over :class:`recipes.verl_ext.plugin.hf_rollout.HFServer`
+"""The Ray actor class of the ``hf`` rollout server: a shell over :class:`recipes.verl_ext.plugin.hf_server.HFServer`
 in a module that imports neither torch nor verl.
 
 Ray 2.60 loads an actor's class wherever a handle to the actor is unpickled. verl's request load balancer gets the
@@ -37,7 +37,7 @@ class HFServer:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # lazy: torch, transformers and verl load in the server's process only, not in each holder of its handle
-        from recipes.verl_ext.plugin.hf_rollout import HFServer as Server
+        from recipes.verl_ext.plugin.hf_server import HFServer as Server
 
         self._server = Server(*args, **kwargs)
 

@@ -20,7 +20,7 @@ def server(tmp_path_factory):
 
     from recipes.verl_ext.demo import ensure_tiny_assets
     from recipes.verl_ext.demo.run import demo_overrides
-    from recipes.verl_ext.plugin.hf_rollout import HFServer
+    from recipes.verl_ext.plugin.hf_server import HFServer
 
     assets = ensure_tiny_assets(tmp_path_factory.mktemp("assets"))
     config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")

@@ -436,7 +436,7 @@ def test_adapter_with_sync_off_only_advances_the_step(composed, monkeypatch):
 
 @pytest.fixture(scope="module")
 def server(composed):
-    from recipes.verl_ext.plugin.hf_rollout import HFServer
+    from recipes.verl_ext.plugin.hf_server import HFServer
 
     return HFServer(composed.actor_rollout_ref.rollout, composed.actor_rollout_ref.model, replica_rank=0)
 
@@ -518,7 +518,7 @@ def test_server_checks_bf16_weights_in_the_dtype_they_were_sent_in(server):
 
 
 def test_server_told_of_a_gpu_it_cannot_see_stays_on_the_host_and_says_so(composed, caplog):
-    from recipes.verl_ext.plugin.hf_rollout import HFServer
+    from recipes.verl_ext.plugin.hf_server import HFServer
 
     server = HFServer(composed.actor_rollout_ref.rollout, composed.actor_rollout_ref.model, replica_rank=0)
     with caplog.at_level("WARNING"):

@@ -61,7 +61,7 @@ def test_a_holder_of_an_hf_server_handle_loads_neither_torch_nor_verl():
     from ray.actor import _modify_class
 
     from recipes.verl_ext import hf_server_actor
-    from recipes.verl_ext.plugin.hf_rollout import HFServer
+    from recipes.verl_ext.plugin.hf_server import HFServer
 
     stored = pickle_dumps(_modify_class(hf_server_actor.HFServer), "the hf server's actor class")
     loaded = subprocess.run([sys.executable, "-c", LOAD_SERVER_CLASS], input=stored, env=checkout_env(),
