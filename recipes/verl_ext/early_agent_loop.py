@@ -22,6 +22,8 @@ import asyncio
 import logging
 from typing import Any
 
+from recipes.verl_ext import early_actors
+
 logger = logging.getLogger(__name__)
 
 PREFIX = "klppo_early_agent_loop_"
@@ -80,7 +82,7 @@ async def adopt(manager) -> list | None:
     import ray  # lazy: runs in verl's task runner
     from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ as Verls  # lazy: as above
 
-    present = sorted(name for name in ray.util.list_named_actors() if name.startswith(PREFIX))
+    present = early_actors.named_with(PREFIX)
     names = worker_names(manager.config)
     if present and manager.agent_loop_workers_class is Verls and wanted(manager.config) and present == sorted(names):
         shells = [ray.get_actor(name) for name in names]
@@ -93,11 +95,7 @@ async def adopt(manager) -> list | None:
         else:
             print(f"agent loop: the manager takes the workers started early ({', '.join(names)})", flush=True)
             return shells
-    for name in present:
-        try:
-            ray.kill(ray.get_actor(name))
-        except ValueError:  # gone meanwhile
-            pass
+    early_actors.end(present)
     if present:
         logger.warning("early agent-loop workers not adopted (%s for %d workers); verl starts its own",
                        ", ".join(present), len(names))

@@ -22,6 +22,8 @@ import logging
 
 from omegaconf import OmegaConf
 
+from recipes.verl_ext import early_actors
+
 logger = logging.getLogger(__name__)
 
 PREFIX = "klppo_early_reward_loop_"
@@ -86,16 +88,12 @@ def adopt(manager) -> list | None:
     if manager.config.reward.reward_model.enable:
         return None
     wanted = worker_names(manager.config)
-    present = [name for name in ray.util.list_named_actors() if name.startswith(PREFIX)]
-    if present and sorted(present) == sorted(wanted):
+    present = early_actors.named_with(PREFIX)
+    if present and present == sorted(wanted):
         print(f"reward loop: the manager takes the workers started early ({', '.join(wanted)})", flush=True)
         return [ray.get_actor(name) for name in wanted]
-    for name in present:
-        try:
-            ray.kill(ray.get_actor(name))
-        except ValueError:  # gone meanwhile
-            pass
+    early_actors.end(present)
     if present:
         logger.warning("early reward-loop workers not adopted (made for another config: %s); verl starts its own",
-                       ", ".join(sorted(present)))
+                       ", ".join(present))
     return None

@@ -49,33 +49,41 @@ def start_early(config, started: list) -> None:
     (recipes/verl_ext/early_agent_loop.py); the handles go into ``started``."""
     begun = time.perf_counter()
     tq_ok = start_transfer_queue(config.transfer_queue)
-    try:
-        from recipes.verl_ext.plugin.hf_rollout import start_servers  # lazy: imports transformers
-
-        servers = start_servers(config)
-        started.extend(servers)
-    except Exception as error:  # noqa: BLE001 - the replicas start their servers themselves then
-        logger.warning("early start of the hf rollout's servers failed (%s); verl's replicas start them", error)
-        servers = []
-    try:
-        from recipes.verl_ext.early_reward import start as start_reward_workers  # lazy: imports verl's reward loop
-
-        rewarders = start_reward_workers(config)
-        started.extend(rewarders)
-    except Exception as error:  # noqa: BLE001 - verl's reward-loop manager creates its own then
-        logger.warning("early start of the reward-loop workers failed (%s); verl starts them", error)
-        rewarders = []
-    try:
-        from recipes.verl_ext.early_agent_loop import start as start_agent_loop_workers  # lazy: for training only
-
-        agents = start_agent_loop_workers(config)
-        started.extend(agents)
-    except Exception as error:  # noqa: BLE001 - verl's agent-loop manager creates its own then
-        logger.warning("early start of the agent-loop workers failed (%s); verl starts them", error)
-        agents = []
+    servers = _started("the hf rollout's servers", "verl's replicas start them", _hf_servers, config, started)
+    rewarders = _started("the reward-loop workers", "verl starts them", _reward_workers, config, started)
+    agents = _started("the agent-loop workers", "verl starts them", _agent_loop_workers, config, started)
     print(f"{MARKER}: TransferQueue {'up' if tq_ok else 'left to the task runner'} after "
           f"{time.perf_counter() - begun:.1f} s; hf rollout servers started: {len(servers)}; reward-loop workers "
           f"started: {len(rewarders)}; agent-loop workers started: {len(agents)}", flush=True)
+
+
+def _started(what: str, otherwise: str, start, config, started: list) -> list:
+    """``start(config)``'s handles, added to ``started``; none where it fails (verl then starts its own)."""
+    try:
+        handles = start(config)
+    except Exception as error:  # noqa: BLE001 - verl starts what is missing itself, as without the early start
+        logger.warning("early start of %s failed (%s); %s", what, error, otherwise)
+        return []
+    started.extend(handles)
+    return handles
+
+
+def _hf_servers(config) -> list:
+    from recipes.verl_ext.plugin.hf_rollout import start_servers  # lazy: imports transformers
+
+    return start_servers(config)
+
+
+def _reward_workers(config) -> list:
+    from recipes.verl_ext.early_reward import start  # lazy: imports verl's reward loop
+
+    return start(config)
+
+
+def _agent_loop_workers(config) -> list:
+    from recipes.verl_ext.early_agent_loop import start  # lazy: for training only
+
+    return start(config)
 
 
 def start_transfer_queue(conf) -> bool:
