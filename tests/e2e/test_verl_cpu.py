@@ -8,12 +8,14 @@ TransferQueue) trainer, FSDP2 over gloo, the plugin's ``hf`` rollout, with the o
 run                         steps  what is asserted (numbers from verl's file logger, one JSON line per step)
 ==========================  =====  ========================================================================
 KL-PPO (GAE, critic, KL       4    the batch is split over 2 ranks; rollout == actor on both; every weight
-in reward and in loss),            sync ran through the resharder (bytes measured == planned); the critic
-world size 2                       trains; KL to the reference is 0 at step 1, then > 0
+in reward and in loss),            sync ran through the resharder (bytes measured == planned), one hf server
+world size 2                       fed by rank 0, checked by checksum on both sides there and on the training
+                                   side on rank 1; the critic trains; KL to the reference is 0 at step 1,
+                                   then > 0
 ==========================  =====  ========================================================================
 
 One launch covers what two did (GRPO at world size 2 and KL-PPO at world size 1): the recipes' runs cover GRPO at
-world size 2 on the same trainer and plugin (``test_recipes_cpu.py``).
+world size 2 with a server per rank on the same trainer and plugin (``test_interrupt.py``).
 
 "rollout == actor": see ``tests/e2e/checks.py``. Learning (reward rising over 12 steps) and the run without weight
 sync are asserted through the recipes, on the same trainer and plugin (``test_recipes_cpu.py``).
@@ -26,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from recipes.verl_ext.demo.run import RunResult, demo_overrides, run_main_ppo
-from recipes.verl_ext.plugin.weight_sync import SYNC_LOG_ENV
+from recipes.verl_ext.plugin.weight_sync import SYNC_LOG_ENV, read_sync_log
 from tests.conftest import SECOND_TRAINING_GROUP
 from tests.e2e.checks import (
     assert_rollout_is_the_actor,
@@ -71,9 +73,15 @@ def test_the_batch_is_split_and_rollout_and_actor_stay_in_step(kl_ppo_ws2):
     assert_the_batch_is_split_over(kl_ppo_ws2, ranks=2)
     assert_rollout_is_the_actor(kl_ppo_ws2)
     # cpu_overrides.world_size(2): one hf server for both ranks, fed by rank 0
-    assert_weight_sync_through_the_resharder(
-        kl_ppo_ws2.log_path.parent / "weight_sync.jsonl", world_size=2, rollout_tp=2, steps=4
-    )
+    log = kl_ppo_ws2.log_path.parent / "weight_sync.jsonl"
+    assert_weight_sync_through_the_resharder(log, world_size=2, rollout_tp=2, steps=4)
+    for sync in read_sync_log(log):  # rank 0 feeds the server: checked on both sides; rank 1 feeds none
+        check = sync["extra"]["checksum"]
+        assert check["tensors"] > 0, sync
+        if sync["feeder"]:
+            assert check["checked"] == "both sides" and check["match"] is True, sync
+        else:
+            assert check["checked"].startswith("training side only"), sync
 
 
 def test_kl_ppo_trains_the_critic_with_kl_to_the_reference(kl_ppo_ws2):

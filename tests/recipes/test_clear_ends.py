@@ -1,8 +1,9 @@
 """A run that ends badly says why in one line, with the last complete checkpoint and the command that goes on
 (recipes/interrupt.py ``lost_worker_line``): a Ray worker lost without ``stability=auto``; a scheduler's SIGTERM taken
-as Ctrl-C (``sigterm_as_interrupt``). Here the line and the signal handling in-process; the same through a real
-training run whose worker is SIGKILLed, and one stopped by SIGTERM: tests/e2e/test_recipes_cpu.py. (A full disk during
-a checkpoint save: tests/recipes/test_checkpoints.py; Ctrl-C: tests/e2e/test_interrupt.py.)"""
+as Ctrl-C (``sigterm_as_interrupt``). Here the line and the signal handling in-process; the line through a real
+training run whose worker is SIGKILLed: tests/e2e/test_recipes_cpu.py; the SIGTERM handler through a real ``ray.init``:
+tests/recipes/verl_ext/test_worker_secrets.py. (A full disk during a checkpoint save: tests/recipes/test_checkpoints.py;
+Ctrl-C: tests/e2e/test_interrupt.py.)"""
 
 from __future__ import annotations
 
