@@ -8,6 +8,7 @@ import os
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from recipes import parse_memo
 from recipes.ray_resources import cpus_needed
 
 _ASSET_FIELDS = {
@@ -103,7 +104,9 @@ def _product(values) -> int:
 
 
 def register_resolvers() -> None:
-    """Register every ``pack.*`` resolver once (safe to call repeatedly)."""
+    """Register every ``pack.*`` resolver once (safe to call repeatedly), and keep OmegaConf's parses of
+    interpolations for the rest of the process (recipes/parse_memo.py)."""
+    parse_memo.install()
     for name, fn in RESOLVERS.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
