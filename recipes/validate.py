@@ -6,9 +6,11 @@ ConfigError (the entry point prints them and exits 2).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -386,28 +388,36 @@ def _admissible(cfg: DictConfig, arch: ModelArch | None, use_critic: bool):
     return admissible
 
 
-def _offline_stand_in(container: dict, arch: ModelArch | None) -> DictConfig | None:
-    """A copy for verl's checks that reads the architecture from the shipped config.json instead of the hub.
+@contextlib.contextmanager
+def _offline_models(cfg: DictConfig, arch: ModelArch | None) -> Iterator[None]:
+    """While open, ``cfg``'s models read their architecture from the shipped config.json instead of the hub.
 
     verl's HFModelConfig loads config and tokenizer from `path` while validating; when `path` is a hub id (weights
-    not here yet) the check uses the pack's copy of the config and skips the tokenizer, so it runs offline.
-    ``container`` is the resolved config as plain containers; it is not changed (the copied path is new dicts).
-    None when every model path is a local folder: verl then checks the config itself.
+    not here yet) the check uses the pack's copy of the config and skips the tokenizer, so it runs offline. Each
+    such model's ``hf_config_path`` and ``load_tokenizer`` are set in ``cfg`` (the check's own resolved copy) and put
+    back as they were on the way out; a model whose path is a local folder is left alone (verl checks its config).
     """
     # an architecture the pack could not read (a hub id it does not ship): verl's conversion still loads a config,
     # so the tiny one stands in for verl's checks only; the pack's shape checks did not run (load_model_arch warns)
     shipped = MODEL_CONFIG_DIR / (str(arch.name) if arch is not None else "tiny")
-    if not (shipped / "config.json").is_file():
-        return None
-    stand_in, changed = dict(container), False
-    for section in ("actor_rollout_ref", "critic"):
-        node = stand_in.get(section)
-        model = node.get("model") if isinstance(node, dict) else None
-        if model is None or Path(str(model.get("path"))).expanduser().is_dir():
-            continue
-        stand_in[section] = {**node, "model": {**model, "hf_config_path": str(shipped), "load_tokenizer": False}}
-        changed = True
-    return OmegaConf.create(stand_in) if changed else None
+    saved: list[tuple[DictConfig, dict]] = []
+    if (shipped / "config.json").is_file():
+        for section in ("actor_rollout_ref", "critic"):
+            model = OmegaConf.select(cfg, f"{section}.model", default=None)
+            if not isinstance(model, DictConfig) or Path(str(model.get("path"))).expanduser().is_dir():
+                continue
+            keys = ("hf_config_path", "load_tokenizer")
+            saved.append((model, {key: model[key] for key in keys if key in model}))
+            model.hf_config_path, model.load_tokenizer = str(shipped), False
+    try:
+        yield
+    finally:
+        for model, before in saved:
+            for key in ("hf_config_path", "load_tokenizer"):
+                if key in before:
+                    model[key] = before[key]
+                else:
+                    del model[key]
 
 
 def _verl_checks(cfg: DictConfig, use_critic: bool, use_ref: bool, problems: list[str]) -> None:
@@ -483,7 +493,8 @@ def check(cfg: DictConfig, *, run_verl: bool = True) -> ValidatedRun:
         checked, cfg = cfg, OmegaConf.create(container)
         if run_verl:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
-            _verl_checks(_offline_stand_in(container, arch) or cfg, use_critic, use_ref, problems)
+            with _offline_models(cfg, arch):
+                _verl_checks(cfg, use_critic, use_ref, problems)
         # the planned peak memory per GPU against the GPU (recipes.fit), with the changes that fit when it does not
         check_memory(checked, train, infer, arch, use_critic=use_critic, use_ref=use_ref,
                      allow_overcommit=pack is not None and pack.run.allow_overcommit,
