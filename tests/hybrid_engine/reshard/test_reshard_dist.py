@@ -2,7 +2,7 @@
 slices of the full model bit for bit (fused qkv / gate_up, GQA kv heads, tied and untied heads, uneven splits), and
 the bytes counted at the collectives equal the planner's, per rank, per tensor and per phase, for every scheme.
 
-One spawn per world size runs all of its cases (a module fixture); the tests read the results.
+One world of processes per size runs all of its cases (a module fixture); the tests read the results.
 
 8 processes carry reduced geometries of the paper's tp8pp4 -> tp4 on 32 GPUs: tp2pp4 -> tp1 keeps its micro-DP group
 shape (k_t = 2 TP ranks x k_p = 4 stages = 8 ranks), tp4pp2 -> tp2 two micro-DP groups of 2 x 2, tp8 -> tp4 the
