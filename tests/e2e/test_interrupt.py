@@ -1,13 +1,12 @@
 """Ctrl-C while training, then the printed resume command: one run of the default GRPO recipe at world size 2
-(``cluster.gpus_per_node=2``, a rollout server per rank: ``layout.infer.tp=1``), stopped at step 3 and resumed for two
-more steps.
+(``cluster.gpus_per_node=2``), stopped at step 3 and resumed for two more steps.
 
 The stop: exit 130, no traceback, Ray ended, the last complete checkpoint named. The resume command
 (``run.resume=<run folder>``) continues the run in its own folder: every step in metrics.jsonl exactly once, the KL
 controller's state carried on, each launch's record kept, every weight sync checked by checksum on both sides.
 The same run is the recipes' run at world size 2: the batch split over 2 ranks, rollout == actor at every step, and
-each weight sync of a launch through the resharder, each rank feeding its own hf server (one server for both ranks,
-fed by rank 0, is verl's own main_ppo run at world size 2: tests/e2e/test_verl_cpu.py).
+each weight sync of a launch through the resharder (one hf server for both ranks, fed by rank 0; a server per rank is
+verl's own main_ppo run at world size 2: tests/e2e/test_verl_cpu.py).
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from tests.e2e.checks import (
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.slow, pytest.mark.xdist_group(SECOND_TRAINING_GROUP)]
 
-COMMAND = ("trainer.save_freq=2", "cluster.gpus_per_node=2", "layout.infer.tp=1")
+COMMAND = ("trainer.save_freq=2", "cluster.gpus_per_node=2")
 
 
 def _ray_sessions(below: int | None = None) -> set[str]:
@@ -156,19 +155,22 @@ def test_the_resume_command_continues_the_run_in_its_folder(interrupted):
     assert f"resume_from_path: {run_dir}/checkpoints/global_step_{step}" in second
     syncs = read_sync_log(run_dir / "weight_sync.jsonl")
     assert len({r["global_steps"] for r in syncs}) >= step + 2  # a sync per step, both launches
-    for sync in syncs:  # each rank feeds its own server: checked on both sides
+    for sync in syncs:  # rank 0 feeds the server: checked on both sides; rank 1 feeds none: its training side
         check = sync["extra"]["checksum"]
-        assert sync["feeder"] and check["tensors"] > 0, sync
-        assert check["checked"] == "both sides" and check["match"] is True, sync
+        assert check["tensors"] > 0, sync
+        if sync["feeder"]:
+            assert check["checked"] == "both sides" and check["match"] is True, sync
+        else:
+            assert check["checked"].startswith("training side only"), sync
     bands = json.loads((run_dir / "bands.json").read_text())["summary"]
     assert {b["band"]: b["steps"] for b in bands}["kl_mean"] == step + 2  # the summary covers the whole run
 
 
-def test_grpo_world_size_2_with_a_server_per_rank(interrupted):
+def test_grpo_world_size_2(interrupted):
     run = interrupted.as_run()
     assert_the_batch_is_split_over(run, ranks=2)
     assert_rollout_is_the_actor(run)
     # the resumed launch's syncs (the interrupted one's last may have been cut short between the ranks)
     resumed_syncs = read_sync_log(interrupted.run_dir / "weight_sync.jsonl")[interrupted.syncs_before:]
-    assert_weight_sync_through_the_resharder(resumed_syncs, world_size=2, rollout_tp=1, steps=2)
+    assert_weight_sync_through_the_resharder(resumed_syncs, world_size=2, rollout_tp=2, steps=2)
     assert "weight sync (" in run.stdout and " syncs, hybrid_engine resharder" in run.stdout

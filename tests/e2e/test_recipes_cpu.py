@@ -4,10 +4,10 @@ here is also a run that ends badly, so that one launch proves two things.
 
 run                         stopped by              asserted
 GRPO, world size 1 (demo)   -                       tests/e2e/test_demo.py: the demo exactly as `make demo` runs it
-GRPO, world size 2,         Ctrl-C after step 3,    tests/e2e/test_interrupt.py: the batch is split over 2 ranks;
-  layout.infer.tp=1           then resumed          rollout == actor; weight sync through the resharder, each rank
-                                                    feeding its own server (one server fed by rank 0: verl's own
-                                                    main_ppo at world size 2, tests/e2e/test_verl_cpu.py)
+GRPO, world size 2          Ctrl-C after step 3,    tests/e2e/test_interrupt.py: the batch is split over 2 ranks;
+  (one hf server)             then resumed          rollout == actor; weight sync through the resharder, rank 0 feeds
+                                                    (a server per rank: verl's own main_ppo at world size 2,
+                                                    tests/e2e/test_verl_cpu.py)
 KL-PPO, weight sync off     its Ray worker          the critic trains (vf_loss > 0); in-reward KL is 0 at step 1, then
                               SIGKILLed after       > 0, and the terminal shows it with verl's in-reward coefficient;
                               step 3                the rollout/actor gap is 0 at step 1, then > 100x the synced bound.

@@ -8,14 +8,14 @@ TransferQueue) trainer, FSDP2 over gloo, the plugin's ``hf`` rollout, with the o
 run                         steps  what is asserted (numbers from verl's file logger, one JSON line per step)
 ==========================  =====  ========================================================================
 KL-PPO (GAE, critic, KL       4    the batch is split over 2 ranks; rollout == actor on both; every weight
-in reward and in loss),            sync ran through the resharder (bytes measured == planned), one hf server
-world size 2                       fed by rank 0, checked by checksum on both sides there and on the training
-                                   side on rank 1; the critic trains; KL to the reference is 0 at step 1,
-                                   then > 0
+in reward and in loss),            sync ran through the resharder (bytes measured == planned), each rank
+world size 2, a rollout            feeding its own hf server, checked by checksum on both sides; the critic
+server per rank (rollout           trains; KL to the reference is 0 at step 1, then > 0
+tensor_model_parallel_size=1)
 ==========================  =====  ========================================================================
 
 One launch covers what two did (GRPO at world size 2 and KL-PPO at world size 1): the recipes' runs cover GRPO at
-world size 2 with a server per rank on the same trainer and plugin (``test_interrupt.py``).
+world size 2 with one server fed by rank 0 on the same trainer and plugin (``test_interrupt.py``).
 
 "rollout == actor": see ``tests/e2e/checks.py``. Learning (reward rising over 12 steps) and the run without weight
 sync are asserted through the recipes, on the same trainer and plugin (``test_recipes_cpu.py``).
@@ -48,10 +48,10 @@ def assets():
     return ensure_tiny_assets()
 
 
-def _run(assets, tmp_path_factory, name: str, *, algo: str, world_size: int, steps: int) -> RunResult:
+def _run(assets, tmp_path_factory, name: str, *, algo: str, world_size: int, steps: int, extra=()) -> RunResult:
     workdir = tmp_path_factory.mktemp(name)
     result = run_main_ppo(
-        demo_overrides(assets, algo=algo, world_size=world_size, steps=steps),
+        demo_overrides(assets, algo=algo, world_size=world_size, steps=steps, extra=extra),
         workdir=workdir,
         # the checkout first on the path, as for the recipes' runs (an installed copy of the pack may be older)
         env={SYNC_LOG_ENV: str(workdir / "weight_sync.jsonl"), "PYTHONPATH": str(ROOT)},
@@ -66,22 +66,20 @@ def _run(assets, tmp_path_factory, name: str, *, algo: str, world_size: int, ste
 
 @pytest.fixture(scope="module")
 def kl_ppo_ws2(assets, tmp_path_factory) -> RunResult:
-    return _run(assets, tmp_path_factory, "kl_ppo_ws2", algo="kl_ppo", world_size=2, steps=4)
+    # verl's own key for a rollout server per rank (cpu_overrides.world_size(2) gives one server for both)
+    return _run(assets, tmp_path_factory, "kl_ppo_ws2", algo="kl_ppo", world_size=2, steps=4,
+                extra=("actor_rollout_ref.rollout.tensor_model_parallel_size=1",))
 
 
 def test_the_batch_is_split_and_rollout_and_actor_stay_in_step(kl_ppo_ws2):
     assert_the_batch_is_split_over(kl_ppo_ws2, ranks=2)
     assert_rollout_is_the_actor(kl_ppo_ws2)
-    # cpu_overrides.world_size(2): one hf server for both ranks, fed by rank 0
     log = kl_ppo_ws2.log_path.parent / "weight_sync.jsonl"
-    assert_weight_sync_through_the_resharder(log, world_size=2, rollout_tp=2, steps=4)
-    for sync in read_sync_log(log):  # rank 0 feeds the server: checked on both sides; rank 1 feeds none
+    assert_weight_sync_through_the_resharder(log, world_size=2, rollout_tp=1, steps=4)
+    for sync in read_sync_log(log):  # each rank feeds its own server: checked on both sides
         check = sync["extra"]["checksum"]
-        assert check["tensors"] > 0, sync
-        if sync["feeder"]:
-            assert check["checked"] == "both sides" and check["match"] is True, sync
-        else:
-            assert check["checked"].startswith("training side only"), sync
+        assert sync["feeder"] and check["tensors"] > 0, sync
+        assert check["checked"] == "both sides" and check["match"] is True, sync
 
 
 def test_kl_ppo_trains_the_critic_with_kl_to_the_reference(kl_ppo_ws2):
