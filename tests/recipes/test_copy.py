@@ -84,6 +84,7 @@ def test_copy_with_choices_rewrites_the_defaults(tmp_path):
     assert json.loads((run / "nccl_env.json").read_text())["env"]["NCCL_IB_HCA"] == "mlx5_0"
 
 
+@pytest.mark.slow  # a child process composes from the copy
 def test_only_used_copies_what_an_option_includes(tmp_path):
     """strategy=fsdp is a delta of fsdp2, the GPU clusters share cluster/_node.yaml: both come along."""
     dest = tmp_path / "rl"
