@@ -47,6 +47,7 @@ def _solve(recipe: str, typed: list[str]):
                           typed=typed)
 
 
+@pytest.mark.slow  # 4-5 s a case on 2 cores next to a training run: five validations and a search each
 @pytest.mark.parametrize(("recipe", "args"), MATRIX, ids=[f"{r}-{a[0]}" for r, a in MATRIX])
 def test_every_printed_command_validates_and_runs_the_ranked_layout(recipe, args):
     typed = [*args, "action=plan", "plan.solve=true"]
