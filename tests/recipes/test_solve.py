@@ -155,6 +155,7 @@ def test_a_printed_command_validates_in_a_subprocess(done_when):
     assert re.search(rf"^config OK: \w+ train dp\d+ tp{tp} ", result.stdout, re.M)
 
 
+@pytest.mark.slow  # a child process (the done_when fixture)
 def test_json_carries_the_same_layouts_and_commands(done_when):
     result = _main("recipes.kl_ppo", *DONE_WHEN, "plan.format=json")
     assert result.returncode == 0, result.stderr
