@@ -388,6 +388,10 @@ def _admissible(cfg: DictConfig, arch: ModelArch | None, use_critic: bool):
     return admissible
 
 
+_OFFLINE_KEYS = ("hf_config_path", "load_tokenizer")
+"""The model keys :func:`_offline_models` sets for verl's checks and puts back."""
+
+
 @contextlib.contextmanager
 def _offline_models(cfg: DictConfig, arch: ModelArch | None) -> Iterator[None]:
     """While open, ``cfg``'s models read their architecture from the shipped config.json instead of the hub.
@@ -406,14 +410,13 @@ def _offline_models(cfg: DictConfig, arch: ModelArch | None) -> Iterator[None]:
             model = OmegaConf.select(cfg, f"{section}.model", default=None)
             if not isinstance(model, DictConfig) or Path(str(model.get("path"))).expanduser().is_dir():
                 continue
-            keys = ("hf_config_path", "load_tokenizer")
-            saved.append((model, {key: model[key] for key in keys if key in model}))
+            saved.append((model, {key: model[key] for key in _OFFLINE_KEYS if key in model}))
             model.hf_config_path, model.load_tokenizer = str(shipped), False
     try:
         yield
     finally:
         for model, before in saved:
-            for key in ("hf_config_path", "load_tokenizer"):
+            for key in _OFFLINE_KEYS:
                 if key in before:
                     model[key] = before[key]
                 else:

@@ -100,6 +100,18 @@ def assert_weight_sync_through_the_resharder(log: Path | list[dict], *, world_si
             assert record["received_bytes"] > 0 and record["tensors"] > 0, record
 
 
+def assert_every_sync_checked_by_checksum(records: list[dict]) -> None:
+    """Each weight sync's check: a rank that feeds a server compared checksums on both sides and they matched; a rank
+    that feeds none checked its training side only."""
+    for sync in records:
+        check = sync["extra"]["checksum"]
+        assert check["tensors"] > 0, sync
+        if sync["feeder"]:
+            assert check["checked"] == "both sides" and check["match"] is True, sync
+        else:
+            assert check["checked"].startswith("training side only"), sync
+
+
 def ray_workers(root_pid: int, title: str) -> list[psutil.Process]:
     """The processes named ``title`` (Ray sets ``ray::<actor class>``, and ``ray::<actor class>.<method>`` while a
     method runs) below ``root_pid``: one run's only, whatever else runs on the machine."""

@@ -27,6 +27,7 @@ from recipes.verl_ext.plugin.weight_sync import read_sync_log
 from tests.conftest import SECOND_TRAINING_GROUP, checkout_env
 from tests.e2e.checks import (
     Run,
+    assert_every_sync_checked_by_checksum,
     assert_rollout_is_the_actor,
     assert_the_batch_is_split_over,
     assert_weight_sync_through_the_resharder,
@@ -155,13 +156,7 @@ def test_the_resume_command_continues_the_run_in_its_folder(interrupted):
     assert f"resume_from_path: {run_dir}/checkpoints/global_step_{step}" in second
     syncs = read_sync_log(run_dir / "weight_sync.jsonl")
     assert len({r["global_steps"] for r in syncs}) >= step + 2  # a sync per step, both launches
-    for sync in syncs:  # rank 0 feeds the server: checked on both sides; rank 1 feeds none: its training side
-        check = sync["extra"]["checksum"]
-        assert check["tensors"] > 0, sync
-        if sync["feeder"]:
-            assert check["checked"] == "both sides" and check["match"] is True, sync
-        else:
-            assert check["checked"].startswith("training side only"), sync
+    assert_every_sync_checked_by_checksum(syncs)  # rank 0 feeds the server: both sides; rank 1: its training side
     bands = json.loads((run_dir / "bands.json").read_text())["summary"]
     assert {b["band"]: b["steps"] for b in bands}["kl_mean"] == step + 2  # the summary covers the whole run
 
