@@ -42,6 +42,7 @@ SHIPPED_HUB_IDS: dict[str, tuple[str, ...]] = {
     # bos/eos ids and the chat template, none of which a shape check or the plan reads)
     "qwen2_7b": ("Qwen/Qwen2-7B", "Qwen/Qwen2-7B-Instruct"),
     "qwen2_5_0_5b": ("Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-0.5B-Instruct"),
+    "qwen2_5_1_5b": ("Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-1.5B-Instruct"),
     "qwen2_5_7b": ("Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-7B-Instruct"),
     "qwen2_5_32b": ("Qwen/Qwen2.5-32B", "Qwen/Qwen2.5-32B-Instruct"),
     "llama3_1_8b": (

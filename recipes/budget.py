@@ -1,4 +1,5 @@
-"""``batching=dynamic``'s auto token budgets: sized by the memory model for the run's model, GPU and layout.
+"""What the plan sizes to the run: ``batching=dynamic``'s auto token budgets, and the rollout engine's memory share
+and CUDA-graph sizes (``rollout.share`` / ``rollout.graphs`` auto, hybrid_engine/plan/engine_share.py).
 
 A budget factor left null (``batching.actor_factor`` / ``logprob_factor`` / ``critic_factor``, the default) takes the
 auto budget (``hybrid_engine.plan.budget.auto_token_budgets``); a typed factor is a multiple of prompt + response
@@ -16,7 +17,8 @@ from hybrid_engine.plan import build_plan
 from hybrid_engine.plan.budget import auto_token_budgets
 from recipes.plan import cluster_spec, plan_settings
 
-__all__ = ["ARTICLE_FACTORS", "auto_budgets", "token_budget"]
+__all__ = ["ARTICLE_FACTORS", "FALLBACK_SHARE", "auto_budgets", "engine_graph_sizes", "engine_memory_share",
+           "token_budget"]
 
 ARTICLE_FACTORS = {"actor": 3.0, "logprob": 4.0, "critic": 6.0}
 """The source article's budgets in sequences of prompt + response (actor 2-3x, log-prob larger, critic 2x actor)."""
@@ -97,3 +99,57 @@ def token_budget(role: str, factor, max_prompt_length, max_response_length, root
     if auto is None:
         return int(ARTICLE_FACTORS[role] * seq)
     return int(auto[KEYS[role]])
+
+
+FALLBACK_SHARE = 0.6
+"""verl's examples' share, where no plan can be made (validation names what is missing)."""
+
+
+def _step_sequences(cfg: DictConfig) -> tuple[int, int, int, int] | None:
+    """(sequences one generation replica runs in a step, their longest length, generation tp, generation pp)."""
+    try:
+        infer = cfg.layout.infer
+        tp, pp = int(infer.tp), int(infer.pp)
+        replicas = max(1, int(cfg.cluster.world_size) // max(1, tp * pp))
+        sequences = int(cfg.data.train_batch_size) * int(cfg.actor_rollout_ref.rollout.n)
+        length = int(cfg.data.max_prompt_length) + int(cfg.data.max_response_length)
+    except Exception:  # noqa: BLE001 - a key that does not resolve: validation names it
+        return None
+    return -(-sequences // replicas), length, tp, pp
+
+
+def engine_memory_share(share, root: DictConfig | None) -> float:
+    """``actor_rollout_ref.rollout.gpu_memory_utilization`` from ``rollout.share``: a number as it is; ``auto``: the
+    engine's weights, one step's KV cache and its working memory, as a fraction of the GPU (FALLBACK_SHARE where
+    the model or the layout cannot be read: validation reports those)."""
+    if str(share) != "auto":
+        return float(share)
+    from hybrid_engine.model_spec import build_spec
+    from hybrid_engine.plan.engine_share import engine_share
+    from hybrid_engine.plan.memory import kv_bytes_per_token
+    from recipes.validate import load_model_arch  # lazy: validate imports this module's neighbours
+
+    step = _step_sequences(root) if root is not None else None
+    if step is None:
+        return FALLBACK_SHARE
+    sequences, length, tp, pp = step
+    try:
+        arch = load_model_arch(root, [], [], model_chosen=True)
+        spec = build_spec(arch)
+        gpu = int(float(root.cluster.gpu.memory_gib) * 2**30)
+    except Exception:  # noqa: BLE001 - validation reports the model
+        return FALLBACK_SHARE
+    weights = spec.numel * 2 // (tp * pp)
+    return engine_share(weight_bytes=weights, kv_bytes_per_token=kv_bytes_per_token(spec, tp, pp, 2),
+                        sequences=sequences, sequence_length=length, gpu_bytes=gpu)
+
+
+def engine_graph_sizes(graphs, root: DictConfig | None):
+    """``actor_rollout_ref.rollout.cudagraph_capture_sizes`` from ``rollout.graphs``: ``auto`` = 1, 2, 4 and every
+    8 up to one step's sequences per generation replica; null = the engine's own sizes; a list as it is."""
+    if graphs is None or str(graphs) != "auto":
+        return graphs
+    from hybrid_engine.plan.engine_share import graph_sizes
+
+    step = _step_sequences(root) if root is not None else None
+    return None if step is None else graph_sizes(step[0])

@@ -53,6 +53,19 @@ def _token_budget(factor, max_prompt_length, max_response_length, role="actor", 
     return token_budget(str(role), factor, max_prompt_length, max_response_length, _root_)
 
 
+def _engine_share(share, *, _root_=None) -> float:
+    from recipes.budget import engine_memory_share  # lazy, as the token budget
+
+    return engine_memory_share(share, _root_)
+
+
+def _engine_graphs(graphs, *, _root_=None):
+    from recipes.budget import engine_graph_sizes
+
+    sizes = engine_graph_sizes(graphs, _root_)
+    return OmegaConf.create(list(sizes)) if isinstance(sizes, list) else sizes
+
+
 def _nccl_env(env, megatron_env, strategy: str) -> DictConfig:
     merged = dict(OmegaConf.to_container(env, resolve=True) if env is not None else {})
     if strategy == "megatron" and megatron_env is not None:
@@ -89,6 +102,8 @@ RESOLVERS = {
     "pack.prompts_for": _prompts_for,
     "pack.megatron_only": _megatron_only,
     "pack.token_budget": _token_budget,
+    "pack.engine_share": _engine_share,
+    "pack.engine_graphs": _engine_graphs,
     "pack.nccl_env": _nccl_env,
     "pack.run_dir": _run_dir,
     "pack.asset": _asset,

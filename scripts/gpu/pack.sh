@@ -97,7 +97,7 @@ printf '[verl.plugins]\nklppo = recipes.verl_ext.plugin\n' >"$info/entry_points.
   printf '%s\n' "${specs[@]}"
   echo "klppo-recipes==$pack_version (metadata only; the code travels with the checkout)"
 } >"$OUT/MANIFEST.txt"
-tar -C "$WORK" -cf - site | xz -6 -T2 >"$OUT/site.tar.xz"
+tar -C "$WORK" -cf - site | xz -"${XZ_LEVEL:-1}" -T2 >"$OUT/site.tar.xz"
 size=$(stat -c %s "$OUT/site.tar.xz")
 echo "pack.sh: $OUT/site.tar.xz $((size / 1024 / 1024)) MiB ($(du -sm "$WORK/site" | cut -f1) MiB unpacked), ${#specs[@]} packages"
 [ "$size" -lt $((60 * 1024 * 1024)) ] || { echo "pack.sh: over 60 MiB" >&2; exit 1; }

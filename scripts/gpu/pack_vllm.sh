@@ -16,7 +16,7 @@ cd "$(dirname "$0")/../.."
 OUT=${PACK_OUT:-.gpu-packages}
 WORK=${PACK_WORK:-build/gpu-vllm}
 PY=${PYTHON:-python3}
-PART_MB=${PART_MB:-58}
+PART_MB=${PART_MB:-46}
 mkdir -p "$OUT" "$WORK/wheels"
 rm -rf "$WORK/site" && mkdir -p "$WORK/site"
 
@@ -49,7 +49,7 @@ find "$WORK/site" -name __pycache__ -type d -prune -exec rm -rf {} +
   echo "removed: vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so vllm/vllm-rs"
 } >"$OUT/vllm.MANIFEST.txt"
 rm -f "$OUT"/vllm.tar.xz.part-*
-tar -C "$WORK" -cf - site | xz -6 -T2 | split -b "${PART_MB}M" -d -a 2 - "$OUT/vllm.tar.xz.part-"
+tar -C "$WORK" -cf - site | xz -"${XZ_LEVEL:-1}" -T2 | split -b "${PART_MB}M" -d -a 2 - "$OUT/vllm.tar.xz.part-"
 ( cd "$OUT" && sha256sum vllm.tar.xz.part-* >>vllm.MANIFEST.txt && cat vllm.tar.xz.part-* | sha256sum | \
   sed 's/-$/vllm.tar.xz (joined)/' >>vllm.MANIFEST.txt )
 echo "pack_vllm.sh: $(ls "$OUT"/vllm.tar.xz.part-* | wc -l) parts of at most $PART_MB MiB in $OUT," \

@@ -23,6 +23,7 @@ SHIPPED = [
     "llama3_1_70b",
     "llama3_1_8b",
     "qwen2_5_0_5b",
+    "qwen2_5_1_5b",
     "qwen2_5_32b",
     "qwen2_5_7b",
     "qwen2_7b",
@@ -123,6 +124,8 @@ PARAMS = {
     "qwen2_7b": 7_615_616_512,
     "qwen2_5_7b": 7_615_616_512,
     "qwen2_5_0_5b": 494_032_768,
+    # Qwen2.5-1.5B's model card: 1.54B parameters (tied embeddings)
+    "qwen2_5_1_5b": 1_543_714_304,
     "llama3_1_8b": 8_030_261_248,
     "llama3_1_70b": 70_553_706_496,
     "qwen2_5_32b": 32_763_876_352,
