@@ -66,8 +66,7 @@ if [ "$ARM" = prep ]; then
   export PYTHONPATH=$REPO:$WORK/site
   setsid nohup bash -c "
     $PY scripts/gpu/random_model.py qwen2_5_1_5b $(model_dir qwen2_5_1_5b) &&
-    $PY scripts/gpu/vs_verl_data.py $(model_dir qwen2_5_1_5b) $DATA --train 512 --val 16 &&
-    $PY scripts/gpu/random_model.py qwen2_5_7b $(model_dir qwen2_5_7b)
+    $PY scripts/gpu/vs_verl_data.py $(model_dir qwen2_5_1_5b) $DATA --train 512 --val 16
   " >"$WORK/prep.log" 2>&1 </dev/null &
   echo "vs_verl: prep started on '${gpu_name}' (log $WORK/prep.log)"
   exit 0
