@@ -6,7 +6,7 @@ vLLM re-allocates that whole cache each time it wakes from sleep mode (verl's we
 graph for every decode batch size up to ``max_num_seqs``. A plan knows the batch, so both can fit the run:
 
     share  = (generation weights + (1 + KV_MARGIN) * sequences * sequence_length * KV bytes per token
-              + ENGINE_WORKING_GIB) / GPU memory, rounded up to 0.01
+              + ENGINE_WORKING_GIB) / GPU memory, rounded up to 0.01, at most MAX_SHARE (0.6)
     graphs = 1, 2, 4, then every 8 up to the sequences one generation replica runs at once
 
 ``sequences`` is one step's rollout batch per generation replica (prompts x samples / generation replicas), every
@@ -25,7 +25,8 @@ __all__ = ["ENGINE_WORKING_GIB", "KV_MARGIN", "MAX_SHARE", "engine_share", "grap
 
 ENGINE_WORKING_GIB = 4.0
 KV_MARGIN = 0.2
-MAX_SHARE = 0.9
+MAX_SHARE = 0.6
+"""Never more than verl's examples give the engine: a batch larger than that cache waits in vLLM's queue."""
 
 
 def engine_share(*, weight_bytes: int, kv_bytes_per_token: int, sequences: int, sequence_length: int,
