@@ -14,7 +14,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from hybrid_engine.layout import InferLayout, TrainLayout, collect_layout_errors
 from hybrid_engine.plan import build_plan
+from hybrid_engine.model_spec import build_spec
 from hybrid_engine.plan.budget import auto_token_budgets
+from hybrid_engine.plan.engine_share import engine_share, graph_sizes
+from hybrid_engine.plan.memory import kv_bytes_per_token
 from recipes.plan import cluster_spec, plan_settings
 
 __all__ = ["ARTICLE_FACTORS", "FALLBACK_SHARE", "auto_budgets", "engine_graph_sizes", "engine_memory_share",
@@ -124,10 +127,7 @@ def engine_memory_share(share, root: DictConfig | None) -> float:
     the model or the layout cannot be read: validation reports those)."""
     if str(share) != "auto":
         return float(share)
-    from hybrid_engine.model_spec import build_spec
-    from hybrid_engine.plan.engine_share import engine_share
-    from hybrid_engine.plan.memory import kv_bytes_per_token
-    from recipes.validate import load_model_arch  # lazy: validate imports this module's neighbours
+    from recipes.validate import load_model_arch  # lazy: validate imports fit, which imports this module
 
     step = _step_sequences(root) if root is not None else None
     if step is None:
@@ -146,10 +146,12 @@ def engine_memory_share(share, root: DictConfig | None) -> float:
 
 def engine_graph_sizes(graphs, root: DictConfig | None):
     """``actor_rollout_ref.rollout.cudagraph_capture_sizes`` from ``rollout.graphs``: ``auto`` = 1, 2, 4 and every
-    8 up to one step's sequences per generation replica; null = the engine's own sizes; a list as it is."""
+    8 up to one step's sequences per generation replica, at most the engine's ``max_num_seqs`` (no decode batch is
+    larger); null = the engine's own sizes; a list as it is."""
     if graphs is None or str(graphs) != "auto":
         return graphs
-    from hybrid_engine.plan.engine_share import graph_sizes
-
     step = _step_sequences(root) if root is not None else None
-    return None if step is None else graph_sizes(step[0])
+    if step is None:
+        return None
+    most = OmegaConf.select(root, "actor_rollout_ref.rollout.max_num_seqs", default=None)
+    return graph_sizes(min(step[0], int(most)) if most else step[0])

@@ -54,13 +54,13 @@ def _token_budget(factor, max_prompt_length, max_response_length, role="actor", 
 
 
 def _engine_share(share, *, _root_=None) -> float:
-    from recipes.budget import engine_memory_share  # lazy, as the token budget
+    from recipes.budget import engine_memory_share  # lazy: the planner loads only for a config that asks for it
 
     return engine_memory_share(share, _root_)
 
 
 def _engine_graphs(graphs, *, _root_=None):
-    from recipes.budget import engine_graph_sizes
+    from recipes.budget import engine_graph_sizes  # lazy: as the share
 
     sizes = engine_graph_sizes(graphs, _root_)
     return OmegaConf.create(list(sizes)) if isinstance(sizes, list) else sizes

@@ -26,8 +26,8 @@ OVER_THE_GPU: dict[tuple[str, str, str], list[str]] = {
     ("kl_ppo", "model", "llama3_1_70b"): ["offload=full", "cluster.nnodes=4"],  # 279.26 GiB in training
     ("kl_ppo", "model", "qwen2_5_32b"): ["offload=full"],  # 147.17 GiB in generation
     ("kl_ppo", "model", "qwen3_30b_a3b"): ["offload=full"],  # 140.41 GiB in generation
-    ("kl_ppo", "parallel", "tp4pp2"): ["offload=optimizer"],  # 83.53 GiB in generation (Megatron dp 1)
-    ("kl_ppo", "strategy", "megatron"): ["offload=optimizer"],  # 83.53 GiB in generation (parallel=tp8, dp 1)
+    # kl_ppo parallel=tp4pp2 and strategy=megatron (Megatron dp 1) left: 83.53 GiB in generation with the engine at
+    # 0.6 of the GPU; they fit with rollout.share auto (the engine's share sized to the step's batch)
     # kl_ppo rollout=hf left: 75.73 GiB in training, the hf server's whole fp32 model (29.92 GiB) on its replica's
     # first GPU in place of a vLLM share (83.39 GiB when the planner reserved that share for it)
 }
