@@ -5,7 +5,8 @@ A budget factor left null (``batching.actor_factor`` / ``logprob_factor`` / ``cr
 auto budget (``hybrid_engine.plan.budget.auto_token_budgets``); a typed factor is a multiple of prompt + response
 (the source article's 3x / 4x / 6x); a typed verl key (``actor_rollout_ref.actor.ppo_max_token_len_per_gpu=...``)
 wins over both. Where the plan cannot be made (an unknown model, a layout that does not factor: validation reports
-those), the source article's factors stand in, so the rest of the checks still run.
+those), the source article's factors stand in, so the rest of the checks still run, and validation says so with the
+reason (``recipes.plan.BUDGET_FALLBACKS``): the repository's measurement puts those factors at 0.70x of the auto budget's speed.
 """
 
 from __future__ import annotations
@@ -18,16 +19,15 @@ from hybrid_engine.model_spec import build_spec
 from hybrid_engine.plan.budget import auto_token_budgets
 from hybrid_engine.plan.engine_share import engine_share, graph_sizes
 from hybrid_engine.plan.memory import kv_bytes_per_token
-from recipes.plan import cluster_spec, plan_settings
+from recipes.plan import ARTICLE_FACTORS, BUDGET_FALLBACKS, cluster_spec, plan_settings
 
 __all__ = ["ARTICLE_FACTORS", "FALLBACK_SHARE", "auto_budgets", "engine_graph_sizes", "engine_memory_share",
            "token_budget"]
 
-ARTICLE_FACTORS = {"actor": 3.0, "logprob": 4.0, "critic": 6.0}
-"""The source article's budgets in sequences of prompt + response (actor 2-3x, log-prob larger, critic 2x actor)."""
 KEYS = {"actor": "ppo_max_token_len_per_gpu", "logprob": "log_prob_max_token_len_per_gpu",
         "critic": "critic_ppo_max_token_len_per_gpu"}
 _MEMO: dict[tuple, dict | None] = {}
+_WHY: dict[tuple, str] = {}
 
 
 def _inputs(cfg: DictConfig) -> tuple:
@@ -53,10 +53,13 @@ def auto_budgets(cfg: DictConfig) -> dict | None:
     """The auto budgets of this config (``auto_token_budgets``' answer), or None where no plan can be made."""
     try:
         key = _inputs(cfg)
-    except Exception:  # noqa: BLE001 - a key that does not resolve: validation names it
+    except Exception as error:  # noqa: BLE001 - a key that does not resolve: validation names it
+        BUDGET_FALLBACKS.add(f"{type(error).__name__}: {error}".splitlines()[0])
         return None
     if key not in _MEMO:
         _MEMO[key] = _compute(cfg)
+    if _MEMO[key] is None:
+        BUDGET_FALLBACKS.add(_WHY.get(key, "no plan"))
     return _MEMO[key]
 
 
@@ -71,21 +74,25 @@ def _compute(cfg: DictConfig) -> dict | None:
         train_d = _fsdp_layout(cfg, _layout_dict(cfg, "layout.train", problems), problems)
         infer_d = _layout_dict(cfg, "layout.infer", problems)
         if arch is None or world is None or problems:
-            return None
+            return _give_up(cfg, problems[0] if problems else "the model's architecture is not known here")
         train, infer, layout_problems = collect_layout_errors(
             train_d, infer_d, world, desc, gpus_per_node=OmegaConf.select(cfg, "cluster.gpus_per_node"))
         if layout_problems or train is None or infer is None:
-            return None
+            return _give_up(cfg, layout_problems[0] if layout_problems else "the layout does not factor")
         use_critic, use_ref = roles(cfg)
         seq = int(cfg.data.max_prompt_length) + int(cfg.data.max_response_length)
         settings = plan_settings(cfg, use_critic, use_ref, budgets=(seq, seq))
         plan = build_plan(arch, TrainLayout(**_fields(train)), InferLayout(**_fields(infer)), cluster_spec(cfg),
                           settings)
         if plan.groups is None or plan.memory is None:
-            return None
+            return _give_up(cfg, "the plan has no memory model for this layout")
         return auto_token_budgets(plan.spec, plan.groups, plan.cluster, settings, plan.memory["rollout"]["weights"])
-    except Exception:  # noqa: BLE001 - the plan that validation runs next reports what is wrong
-        return None
+    except Exception as error:  # noqa: BLE001 - said by validation (fallback_reason), and the plan reports it
+        return _give_up(cfg, f"{type(error).__name__}: {error}")
+
+
+def _give_up(cfg: DictConfig, why: str) -> None:
+    _WHY[_inputs(cfg)] = str(why).splitlines()[0]
 
 
 def _fields(layout) -> dict:

@@ -14,6 +14,13 @@ from hybrid_engine.plan.render import gib_text
 from recipes.schema import Cluster, Offload, SchemaError, load_section
 from recipes.schema import Plan as PlanKeys
 
+ARTICLE_FACTORS = {"actor": 3.0, "logprob": 4.0, "critic": 6.0}
+"""The source article's budgets in sequences of prompt + response (actor 2-3x, log-prob larger, critic 2x actor): what
+``batching=dynamic`` uses where its auto budgets cannot be planned (recipes.budget)."""
+BUDGET_FALLBACKS: set[str] = set()
+"""Why auto budgets fell back to ARTICLE_FACTORS since validation last cleared it (recipes.budget adds, recipes.validate
+reads and says it)."""
+
 
 def cluster_spec(cfg: DictConfig) -> ClusterSpec:
     cluster = load_section(Cluster, cfg.cluster, "cluster")

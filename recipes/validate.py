@@ -35,6 +35,7 @@ from recipes.errors import ConfigError
 from recipes.fit import check_memory
 from recipes.layout_keys import Adoption, adopt, find_adoptions
 from recipes.overrides import override_key, override_value
+from recipes.plan import ARTICLE_FACTORS, BUDGET_FALLBACKS
 from recipes.ray_resources import resource_problems
 from recipes.schema import PackConfig, check_schema, depends_on, resolve
 from recipes.verl_ext import api as verl
@@ -302,7 +303,13 @@ def _check_token_budgets(cfg, train: TrainLayout, use_critic: bool, use_ref: boo
                 f"{key}: {budget} * cp({cp}) = {budget * cp} tokens is below 2x prompt+response ({2 * seq}); "
                 f"the source article (blog.hotdry.top, 2025-12-02) recommends 2 to 3x for balanced micro-batches"
             )
-
+    # the budgets were resolved by the reads above: an auto budget that could not be planned left its reason
+    auto = [role for role in ("actor", "logprob", "critic") if OmegaConf.select(cfg, f"batching.{role}_factor") is None]
+    if budgets and auto and OmegaConf.select(cfg, "batching.mode") == "dynamic" and BUDGET_FALLBACKS:
+        factors = " / ".join(f"{ARTICLE_FACTORS[role]:g}x" for role in ("actor", "logprob", "critic"))
+        warnings.append(f"batching: the auto token budgets could not be planned ({sorted(BUDGET_FALLBACKS)[0]}); the "
+                        f"source article's factors stand in: {factors} of prompt + response for the actor, log-prob "
+                        f"and critic (batching.*_factor to choose)")
 
 def _check_model(
     arch: ModelArch, train: TrainLayout, infer: InferLayout, strategy: str, problems, warnings, rollout: str = ""
@@ -450,6 +457,7 @@ def check(cfg: DictConfig, *, run_verl: bool = True) -> ValidatedRun:
     A pure function: ``cfg`` is not written to. verl layout keys typed directly are adopted into a copy (and come
     back as ``adopted``); the result's config is resolved and read-only.
     """
+    BUDGET_FALLBACKS.clear()  # what this config's auto token budgets say when they cannot be planned
     adoptions, problems = find_adoptions(cfg)
     if adoptions:
         cfg = copy.deepcopy(cfg)  # the rest of the check only reads

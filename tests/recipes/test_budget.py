@@ -155,3 +155,50 @@ def test_a_typed_budget_is_the_one_the_plan_line_names(plan_json, tmp_path, monk
         f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu; auto {auto['ppo_max_token_len_per_gpu']:,}), log-prob "
         f"{auto['log_prob_max_token_len_per_gpu']:,} (limited by memory)")
     assert at_auto.startswith("token budgets (at the auto values): training ")
+
+
+# ---- the engine's share and CUDA graphs, sized to the step (rollout.share / rollout.graphs auto) ---------------------
+
+STEP_1_5B = ["cluster=h100_80g", "cluster.gpus_per_node=1", "parallel=tp1", "rollout=vllm", "model=qwen2_5_1_5b",
+             "data.train_batch_size=32", "actor_rollout_ref.rollout.n=5", "data.max_prompt_length=512",
+             "data.max_response_length=512", "actor_rollout_ref.actor.ppo_mini_batch_size=8"]
+
+
+def test_the_engine_share_holds_one_steps_kv_cache_and_no_more():
+    cfg = compose_recipe("grpo", STEP_1_5B)
+    # written out: bf16 weights 1,543,714,304 x 2 B; KV per token 28 layers x (K, V) x 2 kv heads x 128 x 2 B = 28,672;
+    # 160 sequences of 1,024 tokens, 20% over; 4 GiB of working memory; over 80 GiB, rounded up to 0.01
+    need = 1_543_714_304 * 2 + 1.2 * 160 * 1024 * 28_672 + 4 * 2**30
+    assert need / (80 * 2**30) == pytest.approx(0.1516, abs=1e-4)
+    assert cfg.actor_rollout_ref.rollout.gpu_memory_utilization == 0.16
+    assert list(cfg.actor_rollout_ref.rollout.cudagraph_capture_sizes) == [1, 2, 4, *range(8, 161, 8)]
+
+
+def test_the_engine_share_is_at_most_verls_and_the_graphs_at_most_max_num_seqs():
+    cfg = compose_recipe("grpo", ["cluster=h100_80g", "rollout=vllm", "data.train_batch_size=1024"])
+    assert cfg.actor_rollout_ref.rollout.gpu_memory_utilization == 0.6  # 1,280 sequences a replica: the cap
+    assert list(cfg.actor_rollout_ref.rollout.cudagraph_capture_sizes)[-1] == 256  # verl's max_num_seqs
+
+
+def test_a_typed_share_or_verl_key_wins():
+    cfg = compose_recipe("grpo", [*STEP_1_5B, "rollout.share=0.45", "rollout.graphs=null"])
+    assert cfg.actor_rollout_ref.rollout.gpu_memory_utilization == 0.45
+    assert cfg.actor_rollout_ref.rollout.cudagraph_capture_sizes is None
+    cfg = compose_recipe("grpo", [*STEP_1_5B, "actor_rollout_ref.rollout.gpu_memory_utilization=0.6"])
+    assert cfg.actor_rollout_ref.rollout.gpu_memory_utilization == 0.6
+
+
+def test_auto_budgets_that_cannot_be_planned_say_so(monkeypatch):
+    from recipes import budget
+    from recipes.validate import check
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("planner broke")
+
+    monkeypatch.setattr(budget, "build_plan", broken)
+    monkeypatch.setattr(budget, "_MEMO", {})
+    cfg = compose_recipe("grpo", STEP_1_5B)
+    assert cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 3 * 1024  # the source article's 3x
+    run = check(cfg, run_verl=False)
+    said = [w for w in run.warnings if w.startswith("batching: the auto token budgets could not be planned")]
+    assert said and "(RuntimeError: planner broke)" in said[0] and "3x / 4x / 6x" in said[0]
