@@ -4,34 +4,11 @@ Applied only where ``transformer_engine`` cannot be imported (:func:`apply_no_te
 pinned to :data:`SUPPORTED_MEGATRON`. With TE installed nothing here runs. docs/megatron.md says why each is needed
 and what the H200 runs of 2026-12-04 found.
 
-==========================================  ===================================================================
-what                                        why
-==========================================  ===================================================================
-``McoreEngineConfig.__post_init__``,        only where TransformerEngine cannot be imported (``apply_no_te_patches``;
-mbridge's ``get_gpt_decoder_block_spec``    pinned to :data:`SUPPORTED_MEGATRON`): mbridge hard-codes the TE layer
-and ``_weight_name_mapping_mcore_to_hf``,   spec (``use_transformer_engine=True``) and Megatron-Bridge, verl's default,
-``DotProductAttention.forward``,            needs TE too. The engine takes ``vanilla_mbridge`` (mbridge), padded
-                                            batches (``use_remove_padding=False``: the packed ``thd`` path is TE's)
-                                            and ``masked_softmax_fusion=False``; mbridge builds megatron-core's local
-                                            spec, whose separate layernorms (``input_layernorm``,
-                                            ``pre_mlp_layernorm``) map to the HF names of TE's fused ones; the
-                                            local attention gets no mask (megatron-core masks where the mask is
-                                            True, verl's bshd mask is True on the tokens to keep; right-padded
-                                            rows under the causal mask need none). mbridge reads
-``LLMBridge._get_gptmodel_args``            ``hf_config.rope_theta``, which transformers 5 keeps in
-                                            ``rope_parameters``: it takes verl's ``get_hf_rope_theta``. The engine
-``McoreEngineConfig.__setattr__``           workers copy the model's ``use_remove_padding`` onto the engine config
-                                            after it is built: that assignment keeps False. With torch's Adam
-``DistributedOptimizer.state_dict``         megatron-core asserts one ``step`` in the optimizer state, which a
-                                            resume asks for before the first step: the fresh state (zero moments,
-                                            step 0) is created first. A critic from a
-``SafeTensorIO.load_some_hf_weight``        tied-embedding checkpoint: mbridge asks for ``lm_head.weight`` (to skip
-                                            it for the value head); the embedding is handed instead. mbridge's
-``Bridge.__init__``                         Qwen2 bridge ties the output layer of a tied config in the class's
-                                            name table, for every bridge of the process: a critic (untied by
-                                            verl) beside a tied actor saved its value head over the embedding.
-                                            Each bridge gets its own table.
-==========================================  ===================================================================
+Each patch, with what it changes and why, is a row of :data:`recipes.verl_ext.patch_table.PATCHES` (this module's
+rows): the engine takes ``vanilla_mbridge`` (mbridge), padded batches and no masked-softmax fusion; mbridge builds
+megatron-core's local layer spec, whose layernorm names map to TE's fused ones; the local attention gets no mask;
+and the faults of that path in mbridge and megatron-core are worked around (rope theta under transformers 5, the
+optimizer state a resume asks for first, a critic's tied checkpoint, a critic beside a tied actor).
 """
 
 from __future__ import annotations
@@ -40,6 +17,7 @@ import functools
 import importlib.metadata
 import importlib.util
 
+from recipes.verl_ext.patch_table import rows_for
 from recipes.verl_ext.plugin.patches import UnsupportedVerlError, require_supported_verl, when_imported, wrap_once
 
 __all__ = ["SUPPORTED_MEGATRON", "apply_no_te_patches", "require_supported_megatron", "transformer_engine_installed"]
@@ -245,5 +223,6 @@ def require_supported_megatron() -> None:
         if found != wanted:
             raise UnsupportedVerlError(
                 f"the no-TransformerEngine patch supports {package}=={wanted} only, found {package}=={found}: "
-                f"pip install 'klppo-recipes[megatron]'"
+                f"pip install 'klppo-recipes[megatron]' (or port its {len(rows_for(package))} patches of "
+                f"recipes/verl_ext/patch_table.py)"
             )

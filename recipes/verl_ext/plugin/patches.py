@@ -1,54 +1,12 @@
-"""Every change this pack makes inside verl, in one place, pinned to one verl version.
+"""The pack's patches of verl's internals that the plugin applies, pinned to one verl version.
 
 verl 0.9.1 has registries for platforms and rollout replicas, which the plugin uses through their public API
-(``recipes.verl_ext.plugin.__init__``). What has no public hook is patched here, and only here:
-
-==========================================  ===================================================================
-what                                        why
-==========================================  ===================================================================
-``_ROLLOUT_REGISTRY[("hf", "async")]``      verl's worker builds its rollout adapter from this private table.
-``EngineRegistry`` (device ``cpu``)         verl's FSDP engines register for ``cuda``/``npu`` only; the same
-                                            classes run on the CPU.
-``transformer_impl.CPUOffloadPolicy``       the forward-only ref model gets ``CPUOffloadPolicy(pin_memory=True)``;
-                                            pinning needs an accelerator, so on the CPU it is built unpinned.
-``load_valuehead_model``                    the critic's value model is loaded with a hard-coded
-                                            ``attn_implementation="flash_attention_2"``; on the CPU, and on a GPU
-                                            machine without the flash-attn package, it takes the attention of its
-                                            model config (sdpa where flash_attention_2 is named) (verl's own
-                                            fallback then asks for trl and fails: seen on an H200, 2026-12-01).
-``HFModelConfig.__post_init__``             on a GPU machine without flash-attn, a model config that names no
-                                            attention gets ``pack_varlen`` (``varlen_attention``: PyTorch's own
-                                            varlen kernel) instead of verl's default ``flash_attention_2``, which
-                                            transformers refuses there: the recipes' default remove-padding batches
-                                            then run as they would with flash-attn.
-``ReplayBuffer.__init__``                   the v1 trainer's replay buffer polls TransferQueue every 2 s, a
-                                            constant; it takes ``trainer.v1.sampler.sampler_kwargs.poll_interval``
-                                            (the recipes set 0.1 s, 0.02 s on the CPU) where that key is given.
-``logprobs_from_logits`` (``torch_functional``  without flash-attn verl computes log-probs with a Python loop over
-and the FSDP engine's own reference)        every token (``logprobs_from_logits_v2``); on a GPU machine without
-                                            it the plugin's ``logprobs.chunked_logprobs`` (fp32 logsumexp in
-                                            chunks, flash-attn's in-place backward) takes its place.
-``FSDPEngine*.forward_step`` (CPU)          the micro batch is marked as on the CPU before verl's
-                                            ``micro_batch.to("cpu")``, which otherwise walks every per-sample entry.
-``initialize_global_process_group_ray``     verl asks torch for ``"cpu:gloo,<device>:<backend>"``, which is
-                                            ``"cpu:gloo,cpu:gloo"`` on the CPU: torch rejects the duplicate.
-``FSDPEngine.get_per_tensor_param``         in a process hosting the ``hf`` rollout, the export also carries the
-                                            FSDP2 state dict (``weight_sync.export_sharded``), so the rollout's
-                                            weight sync runs through ``hybrid_engine.reshard``; elsewhere, and for
-                                            LoRA/QAT/FSDP1, verl's generator is returned as it is.
-``MegatronEngine.get_per_tensor_param``     the same for strategy=megatron (``weight_sync.export_megatron_sharded``):
-                                            the GPTModel's own parameters beside mbridge's generator; verl's for
-                                            LoRA/QAT/virtual pipeline/context or expert parallelism.
-``verl.workers.rollout.router``             pickled by value: the request load balancer's Ray worker builds it
-                                            without importing verl and torch.
-``RewardLoopManager._init_reward_loop_      take the reward-loop workers and the agent-loop worker processes the
-workers``, ``AgentLoopManager._init_agent_  driver started early (``early_reward``, ``early_agent_loop``), else
-loop_workers``                              start verl's own.
-``agent_loop.hydra`` (``instantiate``)      verl builds one agent loop per sample through Hydra's
-                                            ``instantiate`` (OmegaConf merges: a fifth of the agent-loop worker's
-                                            CPU on the CPU demo); a registry entry that names only its class is
-                                            built by calling the class with the same arguments.
-==========================================  ===================================================================
+(``recipes.verl_ext.plugin.__init__``). What has no public hook is patched here and in the modules beside it
+(``megatron_no_te``, ``stability.verl_hooks``, ``recipes.verl_ext.api``); every patch the pack makes, of verl and
+of the other projects it runs (Ray, OmegaConf, Hydra, TransferQueue, tensordict, transformers, megatron-core,
+mbridge), is a row of one table, :data:`recipes.verl_ext.patch_table.PATCHES`: the module that makes it, what it
+changes, why, and the version it was read against. ``tests/recipes/verl_ext/test_patch_table.py`` fails on a patch
+the table does not name.
 
 Patches to modules that are slow to import (the engines pull in transformers and peft) are applied right after the
 module is first imported, by a small import hook, so ``import verl`` stays as fast as it was.
@@ -67,6 +25,8 @@ import importlib.util
 import logging
 import sys
 from collections.abc import Callable
+
+from recipes.verl_ext.patch_table import rows_for
 
 __all__ = [
     "SUPPORTED_VERL",
@@ -113,8 +73,8 @@ def require_supported_verl(found: str | None = None) -> str:
     if found != SUPPORTED_VERL:
         raise UnsupportedVerlError(
             f"recipes.verl_ext.plugin patches verl internals and supports verl=={SUPPORTED_VERL} only, "
-            f"found verl=={found}. Install the pinned version (pip install verl=={SUPPORTED_VERL}) or port "
-            f"recipes/verl_ext/plugin/patches.py to verl {found}."
+            f"found verl=={found}. Install the pinned version (pip install verl=={SUPPORTED_VERL}) or port the "
+            f"{len(rows_for('verl'))} verl patches of recipes/verl_ext/patch_table.py to verl {found}."
         )
     return found
 

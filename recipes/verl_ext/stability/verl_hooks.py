@@ -7,10 +7,11 @@
    with verl's own trainer registry (``register_trainer``), right after ``verl.trainer.ppo.v1`` is imported;
 2. wraps, in ``verl.workers.engine_workers`` (pinned to verl 0.9.1, loud on another version):
 
-   - ``tensordict_utils.make_iterator``: takes this pack's keys off the update batch (guard threshold, loss-side
-     KL coefficient, a test's fault) and, when a threshold came with it, lets :class:`~.guard.KLGuard` end the
-     mini-batch loop;
-   - ``TrainingWorker.train_batch``: applies the step's KL coefficient to the loss function, reports each update's
+   - ``tensordict_utils.make_iterator``, replaced module-wide (every caller of verl's function gets it): takes
+     this pack's keys off the update batch (guard threshold, loss-side KL coefficient, a test's fault) and, when a
+     threshold came with it, lets :class:`~.guard.KLGuard` end the mini-batch loop;
+   - ``TrainingWorker.train_batch``: applies the step's KL coefficient to the loss function (``kl_loss_coef`` of
+     its ``ActorConfig``, frozen by verl, set through ``object.__setattr__``), reports each update's
      ``actor/ppo_kl`` to the guard, and agrees on the stop across ranks; in a fault-injection test
      (``stability.inject.oom_at_step`` / ``nan_weights_at_step``) raises torch's OutOfMemoryError where a real one is
      raised, or writes NaN into a weight of the model after the update;
@@ -18,7 +19,9 @@
      scheduler when the guard skipped the update that would have stepped it.
 
 verl has no hook inside the mini-batch loop (the policy-loss registry sees one micro-batch, not the loop), hence the
-wraps; they are the only change to verl's code made by this package.
+wraps. Each of these changes (the registration, the three replacements, the coefficient) is a row of the pack's one
+patch table, :data:`recipes.verl_ext.patch_table.PATCHES`, beside the plugin's patches of verl and the pack's other
+patches.
 """
 
 from __future__ import annotations
