@@ -6,20 +6,24 @@
 A single run composes with Hydra's own machinery, is validated before anything exists on disk (a bad input leaves
 no run folder), then runs as a Hydra job (``run_job``: run folder, ``.hydra/``, logging) exactly as ``@hydra.main``
 would run it. A command line with Hydra flags (``-m``, ``--cfg job``, ``--help``, ``-sc ...``) goes to
-``@hydra.main`` unchanged; each of its jobs goes through the same steps in :func:`execute`.
+``@hydra.main`` unchanged; each of its jobs goes through the same steps in :func:`execute`. A ``-m`` sweep is checked
+first (:func:`check_sweep`): every job composed and checked as a single run is, before Hydra creates anything; a
+problem in any job refuses the whole sweep (exit 2, one line per problem naming its job).
 """
 
 from __future__ import annotations
 
+import io
 import os
 import sys
+from contextlib import redirect_stderr
 from dataclasses import replace
 from pathlib import Path
 
 import hydra
 from hydra import initialize_config_dir
 from hydra._internal.callbacks import Callbacks
-from hydra._internal.utils import run_and_report
+from hydra._internal.utils import get_args_parser, run_and_report
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import run_job
@@ -27,7 +31,7 @@ from hydra.errors import HydraException
 from hydra.types import HydraContext, RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from recipes import gc_threshold
+from recipes import gc_threshold, hydra_cache
 from recipes.bundle import write_record
 from recipes.compose import (
     adopt_batching,
@@ -48,7 +52,7 @@ from recipes.ray_jobs import preflight, submit_from_hydra
 from recipes.resolvers import register_resolvers
 from recipes.resume import plan_resume
 from recipes.rundir import Reservation, lock, refuse_location, release, reserve, unlock
-from recipes.sweep import job_result
+from recipes.sweep import expand_jobs, job_result, sweep_problems
 from recipes.validate import ValidatedRun, check, validate
 from recipes.verl_ext.verl_tree import changed_defaults_lines, is_verl_script
 
@@ -93,9 +97,14 @@ def run_recipe(recipe: str, argv: list[str] | None = None) -> None:
         notices.append(f"no GPU found: strategy={gpu_only} plans for the recipe's GPU cluster (verl's Megatron "
                        "engine needs GPUs; strategy=fsdp2 runs the embedded CPU default)")
     if has_hydra_flags(argv):
+        hydra_argv = with_overrides(argv, added)
+        try:
+            check_sweep(recipe, hydra_argv)
+        except ConfigError as error:
+            exit_with(error)
         for line in notices:
             print(line, file=sys.stderr)
-        sys.argv = [hydra_argv0] + with_overrides(argv, added)
+        sys.argv = [hydra_argv0] + hydra_argv
         hydra.main(config_path=str(conf_dir()), config_name=recipe, version_base=None)(execute)()
         return
     try:
@@ -214,6 +223,88 @@ def set_run_dir(cfg: DictConfig, run_dir: str) -> None:
         cfg.hydra.run.dir = run_dir
         cfg.hydra.runtime.output_dir = run_dir
     HydraConfig.instance().set_config(cfg)
+
+
+def check_sweep(recipe: str, argv: list[str]) -> None:
+    """A ``-m`` sweep, before Hydra reserves its folder or starts a job: each job, as Hydra's sweeper splits the
+    command line (recipes.sweep.expand_jobs), composed and checked as a single run is (:func:`checked_run`). Any
+    problem refuses the whole sweep: ConfigError with one line per problem, each naming its job by its swept values
+    (a problem of every job once). Hydra's other flags (``--cfg``, ``--info``, a config folder of its own, another
+    sweeper) are left to Hydra."""
+    args = hydra_args(argv)
+    if args is None or not args.multirun or any((args.cfg, args.info, args.help, args.hydra_help, args.shell_completion,
+                                                 args.config_path, args.config_dir, args.experimental_rerun)):
+        return
+    config_name = args.config_name or recipe
+    results: list[list[str] | HydraException] = []
+    hydra_config = HydraConfig.instance().cfg  # each job's check sets it; Hydra's run starts from what it was
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None, job_name=recipe):
+            app = GlobalHydra.instance().hydra
+            try:  # the master config, as Hydra's multirun composes it: the sweeper it names, and that one's params
+                master = app.compose_config(config_name, args.overrides, run_mode=RunMode.MULTIRUN,
+                                            with_log_configuration=False)
+            except HydraException:
+                params: dict = {}  # a problem every job has: each job's own composition below names it
+            else:
+                if not str(OmegaConf.select(master, "hydra.sweeper._target_", default="")).endswith("BasicSweeper"):
+                    return  # another sweeper (a Hydra plugin) makes its jobs as it goes
+                typed = OmegaConf.select(master, "hydra.sweeper.params")
+                params = OmegaConf.to_container(typed, resolve=False) if isinstance(typed, DictConfig) else {}
+            hydra_cache.install()  # each job is composed again, here and by Hydra: the files parsed once
+            try:
+                sweep = expand_jobs(args.overrides, params, app.config_loader)
+            except HydraException as error:
+                failed: HydraException | None = error
+            else:
+                failed = None
+                for num, job in enumerate(sweep.jobs):
+                    results.append(job_problems(app, config_name, num, [*sweep.hydra, "hydra.mode=MULTIRUN", *job]))
+    finally:
+        HydraConfig.instance().cfg = hydra_config
+    # explained outside Hydra's context: the explanation composes again to suggest a key
+    if failed is not None:
+        raise ConfigError(explain_hydra_error(failed, args.overrides, recipe))
+    problems = [explain_job(result, [*sweep.hydra, *job], recipe)
+                for result, job in zip(results, sweep.jobs, strict=True)]
+    if any(problems):
+        raise ConfigError(sweep_problems([sweep.label(num) for num in range(len(sweep.jobs))], problems))
+
+
+def hydra_args(argv: list[str]):
+    """Hydra's reading of a command line (its own argument parser); None where Hydra would refuse it (Hydra says
+    why when it runs)."""
+    with redirect_stderr(io.StringIO()):
+        try:
+            return get_args_parser().parse_args(argv)
+        except SystemExit:
+            return None
+
+
+def job_problems(app, config_name: str, num: int, overrides: list[str]) -> list[str] | HydraException:
+    """One job of a sweep composed as Hydra composes it (``hydra.job.num`` set) and checked as a single run is:
+    its problems (none: []), or Hydra's composition error (explained by :func:`explain_job`)."""
+    try:
+        refuse_shared_parts(overrides)
+        cfg = app.compose_config(config_name, overrides, run_mode=RunMode.RUN, with_log_configuration=False)
+    except HydraException as error:
+        return error
+    except ConfigError as error:
+        return error.problems
+    with read_write(cfg.hydra), open_dict(cfg.hydra):
+        cfg.hydra.job.id = num
+        cfg.hydra.job.num = num
+    HydraConfig.instance().set_config(cfg)  # the checks read the job's typed overrides, as in the job itself
+    try:
+        checked_run(task_config(cfg))
+    except ConfigError as error:
+        return error.problems
+    return []
+
+
+def explain_job(result: list[str] | HydraException, overrides: list[str], recipe: str) -> list[str]:
+    """A job's problems, Hydra's composition error as the single run explains it (one line, did-you-mean)."""
+    return [explain_hydra_error(result, overrides, recipe)] if isinstance(result, HydraException) else result
 
 
 def task_config(cfg: DictConfig) -> DictConfig:

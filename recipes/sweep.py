@@ -1,4 +1,10 @@
-"""The end of a local ``-m`` sweep: one table of every job and ``sweep_results.json`` in the sweep folder.
+"""A ``-m`` sweep's jobs, checked before any starts; the end of a local sweep: one table of every job and
+``sweep_results.json`` in the sweep folder.
+
+Before Hydra creates or launches anything, the sweep's command line is split into its jobs as Hydra's basic sweeper
+splits it (:func:`expand_jobs`), and each job is composed and checked as a single run is (``recipes.launch``
+``check_sweep``): one problem in any job refuses the whole sweep, one line per problem naming its job
+(:func:`sweep_problems`), exit 2, nothing on disk.
 
 Hydra's basic launcher runs the jobs one after another in this process. Each job reports what became of it as its
 return value (``recipes.launch.execute``: a failing job is reported and the next one runs); :class:`SweepSummary`, a
@@ -15,13 +21,57 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from recipes.monitor import final_metrics
+from recipes.overrides import override_key
 from recipes.ray_jobs import SWEEP_RECORD, distinguishing
 from recipes.rundir import reserve
+
+
+@dataclass
+class SweepJobs:
+    """A sweep's command line split into its jobs, as Hydra's basic sweeper does it."""
+
+    hydra: list[str]
+    """the ``hydra.*`` overrides: every job is composed with them (Hydra's master overrides), not swept"""
+    jobs: list[list[str]]
+    """each job's task overrides, in Hydra's order (job ``n`` is ``jobs[n]``)"""
+    swept: set[str]
+    """the keys that take more than one form across the sweep (``kl=fixed,adaptive``: ``kl``)"""
+
+    def label(self, num: int) -> str:
+        """``job 2 (kl=adaptive, trainer.total_training_steps=1)``: the job's number and its swept values."""
+        values = [arg for arg in self.jobs[num] if override_key(arg) in self.swept]
+        return f"job {num} ({', '.join(values)})" if values else f"job {num}"
+
+
+def expand_jobs(overrides: list[str], params: dict[str, str] | None = None, config_loader: Any = None) -> SweepJobs:
+    """The jobs of ``-m <overrides>`` (with ``hydra.sweeper.params``, which Hydra's sweeper puts first), split by
+    Hydra's own parser and basic sweeper: ``a=1,2 b=x`` is ``[[a=1, b=x], [a=2, b=x]]``. Hydra's
+    OverrideParseException for an override it cannot read."""
+    parser = OverridesParser.create(config_loader=config_loader)
+    parsed = parser.parse_overrides(list(overrides))
+    hydra = [o.input_line for o in parsed if o.is_hydra_override()]
+    task = parser.parse_overrides([f"{k}={v}" for k, v in (params or {}).items()])
+    task += [o for o in parsed if not o.is_hydra_override()]
+    swept = {override_key(o.input_line) for o in task if o.is_sweep_override()}
+    (jobs,) = BasicSweeper.split_arguments(task, None)
+    return SweepJobs(hydra=hydra, jobs=[list(job) for job in jobs], swept=swept)
+
+
+def sweep_problems(labels: list[str], problems: list[list[str]]) -> list[str]:
+    """One line per problem, prefixed by the label of the job that has it; a problem every job of a sweep of more
+    than one has is one line, ``every job: ...``."""
+    shared = [p for p in problems[0] if all(p in job for job in problems[1:])] if len(problems) > 1 else []
+    lines = [f"every job: {p}" for p in dict.fromkeys(shared)]
+    for label, job in zip(labels, problems, strict=True):
+        lines += [f"{label}: {p}" for p in dict.fromkeys(job) if p not in shared]
+    return lines
 
 
 @dataclass

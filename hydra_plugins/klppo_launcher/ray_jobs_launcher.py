@@ -2,11 +2,14 @@
 
     python -m recipes.grpo -m launcher=ray launcher.address=http://HEAD:8265 kl=fixed,adaptive action=train
 
-Each job is composed here first (and validated unless ``hydra.launcher.validate_first=false``): a job whose config
-fails is reported and not submitted, the others run. Each job runs ``python -m recipes.<recipe> <its overrides>
-launcher=local hydra.run.dir=<sweep dir>/<n>`` on the cluster. Every job's status, exit code and run folder are
-printed at the end and written to ``<sweep dir>/sweep_results.json``; the sweep exits 1 when any job failed, after
-all of them ran. Kept light: Hydra imports this module while scanning for plugins.
+``python -m recipes.<recipe> -m`` has checked every job before Hydra started (``recipes.launch.check_sweep``): a
+sweep with an invalid job exits 2 before this launcher is reached, nothing submitted. Each job is composed here again
+(and validated unless ``hydra.launcher.validate_first=false``): a job that fails here all the same (the sweep started
+some other way) is reported and not submitted, the others run. Each job runs
+``python -m recipes.<recipe> <its overrides> launcher=local hydra.run.dir=<sweep dir>/<n>`` on the cluster. Every
+job's status, exit code and run folder are printed at the end and written to ``<sweep dir>/sweep_results.json``; the
+sweep exits 1 when any job failed, after all of them ran. Kept light: Hydra imports this module while scanning for
+plugins.
 """
 
 import logging
@@ -32,7 +35,8 @@ class RayJobsLauncherConf:
     address: str | None = None
     # at most this many jobs at once; null: as many as the cluster's free GPUs (CPUs for CPU jobs) allow
     max_concurrent: int | None = None
-    # compose and validate each job here before submitting it (a bad job is reported, the others run)
+    # compose and validate each job here before submitting it (a bad job is reported, the others run); the recipes'
+    # own command line has refused a sweep with a bad job before the launcher starts (recipes.launch.check_sweep)
     validate_first: bool = True
     # resources one job holds, e.g. {GPU: 8, CPU: 32}; null: derived from each job (see recipes.ray_jobs.job_demand)
     resources_per_job: Any | None = None
