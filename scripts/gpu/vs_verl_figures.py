@@ -9,7 +9,8 @@ MiB every 0.5 s) and engine_lines.txt (vLLM's own lines). Adds:
 
 - time to the first step: the command's start to step 1's metrics line (``first_step_done_s``), and that less step
   1's own ``timing_s/step`` (``first_step_start_s``: start-up alone);
-- the steady steps (2 on): median step time and its parts (``timing_s/gen``, ``old_log_prob``, ``ref``,
+- the steady steps (2 on): median step time less any checkpoint save in it (verl saves at the last step when
+  ``trainer.save_freq`` > 0, as its example sets: not the work compared) and its parts (``timing_s/gen``, ``old_log_prob``, ``ref``,
   ``update_actor``, ``update_weights``), response tokens a second per GPU (``response_length/mean`` x sequences /
   ``timing_s/step``, one GPU), and verl's ``perf/throughput`` (prompt and response tokens);
 - the device's peak memory (gpu_mem.csv, GiB) and vLLM's KV-cache lines.
@@ -30,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_figures import figures  # noqa: E402
 
 PARTS = ("timing_s/gen", "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor", "timing_s/update_weights",
-         "timing_s/reward", "timing_s/adv")
+         "timing_s/reward", "timing_s/adv", "timing_s/save_checkpoint")
 KV_LINE = re.compile(r"Available KV cache memory|GPU KV cache size|Maximum concurrency|CUDA graph|Graph capturing|"
                      r"torch.compile takes|Sleep mode|woke up|Model loading took", re.IGNORECASE)
 
@@ -65,12 +66,15 @@ def arm_figures(run_dir: Path, out: Path, arm: str, gpu: str, cluster: str, wall
     steady = [data for step, data in sorted(per_step.items()) if step != min(per_step, default=0)]
     step1 = per_step.get(min(per_step)) if per_step else None
 
+    for data in steady:  # the step's time without a checkpoint save
+        data["timing_s/step_no_save"] = data.get("timing_s/step", 0.0) - data.get("timing_s/save_checkpoint", 0.0)
+
     def median(key: str) -> float | None:
         values = [d[key] for d in steady if key in d]
         return statistics.median(values) if values else None
 
-    tokens_per_s = [d["response_length/mean"] * sequences / d["timing_s/step"] for d in steady
-                    if "response_length/mean" in d and d.get("timing_s/step")]
+    tokens_per_s = [d["response_length/mean"] * sequences / d["timing_s/step_no_save"] for d in steady
+                    if "response_length/mean" in d and d.get("timing_s/step_no_save")]
     first_done = steps.get(1)
     lines = (out / "engine_lines.txt").read_text(errors="replace").splitlines() if (out / "engine_lines.txt").is_file() else []
     return {
@@ -83,7 +87,8 @@ def arm_figures(run_dir: Path, out: Path, arm: str, gpu: str, cluster: str, wall
         "steady_steps": len(steady),
         "first_step_done_s": first_done,
         "first_step_start_s": None if first_done is None or not step1 else first_done - step1.get("timing_s/step", 0.0),
-        "step_s": median("timing_s/step"),
+        "step_s": median("timing_s/step_no_save"),
+        "step_with_saves_s": median("timing_s/step"),
         "parts_s": {key.split("/")[-1]: median(key) for key in PARTS if median(key) is not None},
         "response_tokens_per_s_per_gpu": statistics.median(tokens_per_s) if tokens_per_s else None,
         "throughput_tokens_per_s_per_gpu": median("perf/throughput"),
