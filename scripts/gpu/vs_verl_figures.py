@@ -33,7 +33,7 @@ from e2e_figures import figures  # noqa: E402
 PARTS = ("timing_s/gen", "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor", "timing_s/update_weights",
          "timing_s/reward", "timing_s/adv", "timing_s/save_checkpoint")
 KV_LINE = re.compile(r"Available KV cache memory|GPU KV cache size|Maximum concurrency|CUDA graph|Graph capturing|"
-                     r"torch.compile takes|Sleep mode|woke up|Model loading took", re.IGNORECASE)
+                     r"torch.compile takes|Sleep mode|to wake up|Model loading took", re.IGNORECASE)
 
 
 def step_times(path: Path) -> dict[int, float]:
