@@ -11,7 +11,8 @@ controller's value in memory only. This controller:
     +-2), in velocity form, with a bounded step: ``log coef += clip(kp * (e - e_prev) + ki * e, +-max_step)``. It
     acts on the loss-side coefficient (``actor.kl_loss_coef``, GRPO's ``use_kl_loss``) with the step's
     ``actor/kl_loss``, and on the in-reward one (verl's ``kl_ctrl_in_reward.value``, KL-PPO's ``use_kl_in_reward``)
-    with the step's ``actor/reward_kl_penalty``. The step is a multiple of the coefficient, whatever its scale; the
+    with an exponential average of the steps' ``actor/reward_kl_penalty`` (``kl.controller.reward_smoothing``: one
+    batch's mean is noisy, and read raw it moved the coefficient by the full bound nearly every step). The step is a multiple of the coefficient, whatever its scale; the
     ``kp`` term answers a KL that is moving, the ``ki`` term one that stays off target; the bound keeps one noisy
     step from swinging it more than ``exp(max_step)``.
   - ``proportional``: verl's adaptive rule (Ziegler et al. 2019) on the loss-side coefficient,
@@ -68,6 +69,8 @@ class KLSettings:
     """pi: the largest change of log(coefficient) a step"""
     lookahead: float = 1.0
     """pi: steps over which the KL's last change is extrapolated before it is compared with the target"""
+    reward_smoothing: float = 1.0
+    """pi: weight of the newest in-reward KL in the average the in-reward coefficient follows (1: none)"""
     init_reward_coef: float | None = None
     """``algorithm.kl_ctrl.kl_coef`` where the run puts the KL in the reward; None where it does not"""
 
@@ -93,6 +96,7 @@ class KLSettings:
             ki=float(kl.controller.ki),
             max_step=float(kl.controller.max_step),
             lookahead=float(kl.controller.lookahead),
+            reward_smoothing=float(kl.controller.reward_smoothing),
             init_reward_coef=float(kl_ctrl.get("kl_coef", 0.001)) if in_reward else None,
         )
 
@@ -165,7 +169,9 @@ class KLState:
     loss_error: list | None = None
     """pi: (log error, KL) of the last step that measured a loss-side KL"""
     reward_error: list | None = None
-    """pi: (log error, KL) of the last step that measured an in-reward KL"""
+    """pi: (log error, KL) of the last step that measured an in-reward KL (the averaged KL)"""
+    reward_kl_average: float | None = None
+    """pi: the exponential average of the in-reward KL the in-reward coefficient follows"""
     history: list = field(default_factory=list)
     """(step, measured kl, target, loss_coef) per step, for the record"""
 
@@ -216,8 +222,13 @@ class KLControl:
             else:
                 st.loss_coef = proportional_update(coef_used, measured_kl, target_used, n_sequences,
                                                    self.settings.horizon)
-        if self.drives_reward_coef and _usable(reward_kl) and target_used and reward_used is not None:
-            st.reward_coef, st.reward_error = self._pi(reward_used, reward_kl, target_used, st.reward_error)
+        # an in-reward KL at or below 0 (the first step's policy is the reference) says nothing of its level
+        if self.drives_reward_coef and _usable(reward_kl) and reward_kl > 0 and target_used and reward_used is not None:
+            # one batch's mean in-reward KL is noisy: the coefficient follows its exponential average
+            weight, average = self.settings.reward_smoothing, st.reward_kl_average
+            st.reward_kl_average = reward_kl if average is None else weight * reward_kl + (1 - weight) * average
+            st.reward_coef, st.reward_error = self._pi(reward_used, st.reward_kl_average, target_used,
+                                                       st.reward_error)
         st.step = step
         st.target = self.target_at(step)
         st.history.append([step, measured_kl, target_used, coef_used])

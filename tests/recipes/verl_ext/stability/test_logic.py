@@ -55,8 +55,9 @@ def test_pi_rule_moves_both_coefficients_by_a_bounded_multiple():
     control = KLControl(KLSettings(mode="adaptive", target=0.1, init_loss_coef=0.05, init_reward_coef=0.02,
                                    kp=1.0, ki=0.5, max_step=0.7, lookahead=0.0))
     assert control.drives_reward_coef
-    # step 1: KL 0 is the lower clip, e = -2: kp*(-2 - 0) + ki*(-2) = -3, bounded to -0.7
-    control.update(1, 0.0, 40, reward_kl=0.0)
+    # step 1: KL 0 (loss side) and 1e-4 (in reward, a KL of 0 there is not a measurement) are the lower clip,
+    # e = -2: kp*(-2 - 0) + ki*(-2) = -3, bounded to -0.7
+    control.update(1, 0.0, 40, reward_kl=1e-4)
     assert control.state.loss_coef == pytest.approx(0.05 * math.exp(-0.7))
     assert control.state.reward_coef == pytest.approx(0.02 * math.exp(-0.7))
     # step 2: KL at e**0.5 x target: e = 0.5, change = 1.0 * (0.5 - -2) + 0.5 * 0.5 -> bounded to +0.7
@@ -256,3 +257,31 @@ def test_a_horizon_that_can_flip_the_coefficient_is_accepted_with_a_warning(reci
     assert line.endswith("a horizon above 1280 keeps it positive")
     quiet = recipe_main("kl_ppo", "action=validate", cwd=tmp_path, timeout=300)
     assert quiet.returncode == 0 and "kl_ctrl.horizon" not in quiet.stderr, quiet.stderr[-2000:]
+
+
+def test_the_in_reward_coefficient_follows_an_average_and_ignores_a_zero_kl():
+    def control(smoothing: float) -> KLControl:
+        return KLControl(KLSettings(mode="adaptive", target=0.1, init_reward_coef=0.05, kp=1.0, ki=0.5, max_step=0.6,
+                                    lookahead=0.0, reward_smoothing=smoothing))
+
+    averaged, raw = control(0.5), control(1.0)
+    for c in (averaged, raw):
+        c.update(1, None, 40, reward_kl=0.0)  # the first step's policy is the reference: no measurement
+        assert c.state.reward_coef == 0.05 and c.state.reward_kl_average is None
+        c.update(2, None, 40, reward_kl=0.08)
+    # step 2, both: the average starts at 0.08; e = log(0.8); change = 1.0 * (e - 0) + 0.5 * e
+    e2 = math.log(0.8)
+    assert averaged.state.reward_coef == pytest.approx(0.05 * math.exp(1.5 * e2))
+    assert raw.state.reward_coef == averaged.state.reward_coef
+    averaged.update(3, None, 40, reward_kl=0.16)
+    raw.update(3, None, 40, reward_kl=0.16)
+    # step 3, averaged: 0.5 * 0.16 + 0.5 * 0.08 = 0.12, e = log(1.2): change = (e - e2) + 0.5 * e = 0.497
+    e3 = math.log(1.2)
+    assert averaged.state.reward_kl_average == pytest.approx(0.12)
+    assert averaged.state.reward_coef == pytest.approx(0.05 * math.exp(1.5 * e2) * math.exp((e3 - e2) + 0.5 * e3))
+    # raw: e = log(1.6): change = (0.470 + 0.223) + 0.235 = 0.93, bounded to 0.6
+    assert raw.state.reward_coef == pytest.approx(0.05 * math.exp(1.5 * e2) * math.exp(0.6))
+    # the average is part of the saved state: a resumed run continues it
+    restored = control(0.5)
+    restored.load_state_dict(json.loads(json.dumps(averaged.state_dict())))
+    assert restored.state.reward_kl_average == averaged.state.reward_kl_average
