@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.checks import assert_rollout_is_the_actor, assert_weight_sync_through_the_resharder
-from tests.readme import check_block
+from tests.readme import README, check_block
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.slow]
 
@@ -84,13 +84,15 @@ def test_reward_rises_while_kl_stays_in_its_band(demo):
     rewards = demo.series("critic/score/mean")
     assert len(rewards) == 20
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
-    assert last >= first + 0.1, f"mean reward per step: {[round(r, 3) for r in rewards]}"
+    # the README's claim for the GRPO demo ("The demo's KL story"): a margin of at least 0.25, KL in its band on at
+    # least 18 of the 20 steps
+    assert last >= first + 0.25, f"mean reward per step: {[round(r, 3) for r in rewards]}"
     band = json.loads((demo.run_dir / "bands.json").read_text())
     kl_band = band["bands"]["kl_mean"]
     kl = demo.series("actor/kl_loss")
     inside = [k for k in kl if (kl_band["low"] is None or k >= kl_band["low"]) and
               (kl_band["high"] is None or k <= kl_band["high"])]
-    assert len(inside) >= 13, f"KL per step {[round(k, 3) for k in kl]} against {kl_band}"
+    assert len(inside) >= 18, f"KL per step {[round(k, 3) for k in kl]} against {kl_band}"
     coefs = demo.series("kl_control/loss_coef")
     assert max(coefs) > 1.5 * min(coefs), f"the controller's coefficient per step: {coefs}"
     # the progress line shows that KL and that coefficient
@@ -110,3 +112,22 @@ def test_the_readme_shows_what_the_demo_prints(demo):
     # which steps leave a band differs from run to run (sampling): the band warnings are not compared
     check_block(START, END, ["$ make demo            # = python -m recipes.grpo"], demo.transcript(),
                 ignored=lambda line: line.startswith("band warning:"))
+
+
+MARGIN_TOLERANCE = 0.1
+"""How far the demo's margin (mean reward of the last 5 steps less the first 5) may lie from the README's: one seed's
+margin varied by 0.04 over the story runs of 2026-12-05 (rollout sampling is not seeded); 0.1 leaves room for that and
+no room for a README that shows another story."""
+
+
+def test_the_readme_demo_figures_hold_within_tolerance(demo):
+    block = README.read_text().split(START, 1)[1].split(END, 1)[0]
+    shown = re.search(r"mean reward: first 5 steps ([-+][0-9.]+) -> last 5 steps ([-+][0-9.]+)", block)
+    ran = re.search(r"mean reward: first 5 steps ([-+][0-9.]+) -> last 5 steps ([-+][0-9.]+)", demo.stdout)
+    assert shown and ran
+    shown_margin, ran_margin = float(shown[2]) - float(shown[1]), float(ran[2]) - float(ran[1])
+    assert shown_margin >= 0.25 and abs(ran_margin - shown_margin) <= MARGIN_TOLERANCE, (shown_margin, ran_margin)
+    # the KL band's row: steps, and steps out (the claim: at most 2 of 20), in the README and in the run
+    for text in (block, demo.stdout):
+        row = re.search(r"^kl_mean\s+\S+\s+\S+\s+(\d+)\s+(\d+)", text, re.MULTILINE)
+        assert row and int(row[1]) == 20 and int(row[2]) <= 2, row
