@@ -43,22 +43,32 @@ from recipes.compose import (
 )
 from recipes.confdir import conf_dir, entry_command, group_options, recipe_defaults
 from recipes.defaults import EMBEDDED_DEFAULTS, chooses_layout, embedded_defaults, gpu_only_strategy, has_accelerator
+from recipes.envvars import RAY_JOB, getenv
 from recipes.errors import ConfigError, exit_with, report
 from recipes.finalize import finalize
 from recipes.help import SCRIPTS, help_topic, print_help
+from recipes.interrupt import Interrupted, exits_on_ctrl_c
 from recipes.needs import column_problems, engine_notes, machine_notes, train_problems
 from recipes.overrides import has_hydra_flags, with_overrides
 from recipes.ray_jobs import preflight, submit_from_hydra
 from recipes.resolvers import register_resolvers
 from recipes.resume import plan_resume
-from recipes.rundir import Reservation, lock, refuse_location, release, reserve, unlock
+from recipes.rundir import Reservation, claim, lock, refuse_location, release, reserve, unlock
 from recipes.sweep import expand_jobs, job_result, sweep_problems
 from recipes.validate import ValidatedRun, check, validate
 from recipes.verl_ext.verl_tree import changed_defaults_lines, is_verl_script
 
 ACTIONS = ("validate", "plan", "train")
+BEFORE_RUN = "interrupted before the run started: nothing was written and nothing is left running"
 
 
+def interrupted_line() -> str:
+    """The line of a Ctrl-C that no step of the launch put into words: before any run (a Hydra job) was set up,
+    nothing was written."""
+    return BEFORE_RUN if not HydraConfig.initialized() else "interrupted"
+
+
+@exits_on_ctrl_c(interrupted_line)
 def run_recipe(recipe: str, argv: list[str] | None = None) -> None:
     """Entry point of ``python -m recipes.<recipe>``."""
     # the imports ahead (torch, verl) under the pack's default; the run's run.gc_threshold is set before verl's
@@ -151,14 +161,17 @@ def run_composed(app, recipe: str, cfg: DictConfig, notices: list[str]) -> None:
     """Validate the composed config, then run it as a Hydra job (run folder, .hydra/, logging), as Hydra's ``run``."""
     with read_write(cfg.hydra):
         cfg.hydra.mode = RunMode.RUN
-    reservation = pin_run_dir(cfg)
+    reservation = None
     try:
+        reservation = pin_run_dir(cfg)
         run = checked_run(task_config(cfg))
         resumed = OmegaConf.select(cfg, "run.resume")
         held = lock(cfg.hydra.run.dir, f"run.resume={resumed}" if resumed else f"hydra.run.dir={cfg.hydra.run.dir}")
-    except BaseException:
+    except BaseException as error:
         if reservation is not None:
-            release(reservation)  # a refused run leaves no folder behind
+            release(reservation)  # a refused (or interrupted) run leaves no folder behind
+        if isinstance(error, KeyboardInterrupt):
+            raise Interrupted(BEFORE_RUN) from None
         raise
     for line in notices:
         print(line, file=sys.stderr)
@@ -174,22 +187,31 @@ def run_composed(app, recipe: str, cfg: DictConfig, notices: list[str]) -> None:
 
     try:
         run_and_report(job)
+    except KeyboardInterrupt as stop:  # training says what it kept (recipes/train.py); before it, the folder stays
+        if isinstance(stop, Interrupted):
+            raise
+        raise Interrupted(f"interrupted (action={OmegaConf.select(cfg, 'action')}); the run folder stays: "
+                          f"{cfg.hydra.run.dir}") from None
     finally:
         unlock(held)
 
 
-def pin_run_dir(cfg: DictConfig) -> Reservation | None:
+def pin_run_dir(cfg: DictConfig) -> Reservation:
     """Fix this run's folder now (``hydra.run.dir`` holds ``${now:...}``), so ``run.dir`` resolves to it during
     validation and the job writes exactly there. The recipe's own folder name is reserved (created exclusively, a
-    suffix when another run took it in the same second); a ``hydra.run.dir=`` typed on the command line is used as
-    it is (the Ray Jobs launcher points each job at its folder), and None is returned. A folder outside run.root or
-    an unwritable run.root is a ConfigError before anything is created; ``run.resume=`` continues that folder."""
+    suffix when another run took it in the same second). A ``hydra.run.dir=`` typed on the command line must be new
+    or empty (recipes.rundir.claim: an earlier run's record is not overwritten; a file or a place that cannot hold a
+    folder is refused), except in the Ray Job the pack submitted (the launcher points each job at the folder it
+    reserved and recorded). A folder outside run.root, a name too long or an unwritable run.root is a ConfigError
+    before anything is created; ``run.resume=`` continues that folder."""
     if OmegaConf.select(cfg, "run.resume"):
         return pin_resumed(cfg)
     run_dir = os.path.abspath(str(OmegaConf.select(cfg, "hydra.run.dir")))
     typed = any(str(o).lstrip("+").startswith("hydra.run.dir=") for o in cfg.hydra.overrides.hydra)
-    reservation = None
-    if not typed:
+    if typed:
+        reservation = claim(run_dir, f"hydra.run.dir={OmegaConf.select(cfg, 'hydra.run.dir')}",
+                            reuse=getenv(RAY_JOB) == "1")
+    else:
         root = str(OmegaConf.select(cfg, "run.root"))
         refuse_location(root, run_dir, str(OmegaConf.select(cfg, "run.name")))
         try:

@@ -9,7 +9,8 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from recipes.rundir import release, reserve
+from recipes.errors import ConfigError
+from recipes.rundir import claim, release, reserve
 from tests.conftest import checkout_env
 
 
@@ -113,3 +114,97 @@ def test_a_typed_run_folder_that_does_not_exist_yet_is_made_and_locked(tmp_path,
     assert "Traceback" not in proc.stderr
     assert (folder / "resolved_config.yaml").is_file()
     assert not (folder / "run.lock").exists()  # released when the run ended
+
+
+# -- a typed hydra.run.dir, and names too long (issue 49, 5) ----------------------------------------------------------
+
+
+def _one_line(proc) -> str:
+    """The single line a refused run prints (exit 2, no traceback)."""
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return lines[0]
+
+
+def test_a_typed_run_folder_that_holds_a_run_is_refused_and_left_as_it_was(tmp_path, recipe_cli):
+    folder = tmp_path / "earlier"
+    (folder / "repro").mkdir(parents=True)
+    earlier = {folder / "resolved_config.yaml": b"action: train\n", folder / "repro" / "bundle.json": b'{"x": 1}\n'}
+    for path, data in earlier.items():
+        path.write_bytes(data)
+    proc = recipe_cli("grpo", "action=validate", f"hydra.run.dir={folder}", cwd=tmp_path)
+    line = _one_line(proc)
+    assert line == (
+        f"config error: hydra.run.dir={folder}: {folder} is not empty (repro/, resolved_config.yaml); a typed run "
+        "folder must be new or empty, so that no earlier run's record (resolved_config.yaml, repro/) is overwritten: "
+        "choose another folder, or leave hydra.run.dir out (each run gets a new folder under run.root); to go on with "
+        f"the run in it: run.resume={folder} (in place of hydra.run.dir)")
+    assert {path: path.read_bytes() for path in earlier} == earlier
+    assert sorted(p.name for p in folder.iterdir()) == ["repro", "resolved_config.yaml"]  # no run.lock, nothing new
+    assert not (tmp_path / "runs").exists() and proc.stdout == ""
+
+
+@pytest.mark.parametrize("case", ["file", "proc", "long"])
+def test_a_typed_run_folder_that_cannot_be_one_is_one_line(tmp_path, recipe_cli, case):
+    if case == "file":
+        (tmp_path / "notes.txt").write_text("mine\n")
+        folder, expected = tmp_path / "notes.txt", (
+            f"config error: hydra.run.dir={tmp_path}/notes.txt: {tmp_path}/notes.txt is a file; the run folder must "
+            "be a folder (a new or empty one)")
+    elif case == "proc":
+        folder, expected = "/proc/foo", (
+            "config error: hydra.run.dir=/proc/foo: cannot create the run folder /proc/foo: No such file or "
+            "directory; choose a folder this user can create (on a writable file system)")
+    else:
+        folder, expected = tmp_path / "new" / ("b" * 300), (
+            f"config error: hydra.run.dir={tmp_path}/new/{'b' * 300}: the folder name '{'b' * 30}...bbbbbb' "
+            "(300 characters) is 300 bytes, over this file system's 255-byte limit for a name; choose a shorter "
+            "folder name")
+    proc = recipe_cli("grpo", "action=validate", f"hydra.run.dir={folder}", cwd=tmp_path)
+    assert _one_line(proc) == expected
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["notes.txt"] if case == "file" else [])
+
+
+def test_a_run_name_too_long_blames_run_name_and_leaves_no_runs_folder(tmp_path, recipe_cli):
+    proc = recipe_cli("grpo", "action=validate", f"run.name={'a' * 300}", cwd=tmp_path)
+    assert _one_line(proc) == (
+        f"config error: run.name='{'a' * 30}...aaaaaa' (300 characters): 300 bytes, over this file system's 255-byte "
+        "limit for a folder name (the run folder is run.root/run.name/<time>); choose a shorter run.name")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_ray_job_the_pack_submitted_writes_into_the_folder_it_reserved(tmp_path, recipe_main):
+    # the launcher (recipes/ray_jobs.py) reserves the run folder and writes its record and job.json there, then the
+    # job's driver on the cluster runs with hydra.run.dir=<that folder> (a shared file system: the same folder)
+    folder = tmp_path / "runs" / "grpo" / "2026-12-01_12-00-00"
+    folder.mkdir(parents=True)
+    (folder / "job.json").write_text("{}\n")
+    proc = recipe_main("grpo", "action=validate", f"hydra.run.dir={folder}", cwd=tmp_path,
+                       env={"KLPPO_RAY_JOB": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (folder / "resolved_config.yaml").is_file() and (folder / "job.json").read_text() == "{}\n"
+
+
+def test_claim_makes_what_is_missing_and_release_takes_only_that(tmp_path):
+    made = claim(tmp_path / "a" / "b", "hydra.run.dir=x")
+    assert made.path.is_dir() and made.created == (tmp_path / "a", tmp_path / "a" / "b")
+    release(made)
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "empty").mkdir()
+    kept = claim(tmp_path / "empty", "hydra.run.dir=x")
+    assert kept.created == ()  # the user's own folder: a refused run leaves it
+    release(kept)
+    assert (tmp_path / "empty").is_dir()
+    (tmp_path / "empty" / "x.txt").write_text("")
+    with pytest.raises(ConfigError, match=r"hydra.run.dir=x: .*/empty is not empty \(x.txt\); a typed run folder"):
+        claim(tmp_path / "empty", "hydra.run.dir=x")
+    assert claim(tmp_path / "empty", "hydra.run.dir=x", reuse=True).created == ()
+
+
+def test_a_reservation_that_fails_takes_back_the_parents_it_made(tmp_path):
+    with pytest.raises(OSError):
+        reserve(tmp_path / "runs" / "grpo" / ("a" * 300))
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(OSError):
+        reserve(tmp_path / "runs" / ("a" * 300) / "2026-12-01_12-00-00")  # a parent that cannot be made
+    assert list(tmp_path.iterdir()) == []
