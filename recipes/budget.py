@@ -6,7 +6,8 @@ auto budget (``hybrid_engine.plan.budget.auto_token_budgets``); a typed factor i
 (the source article's 3x / 4x / 6x); a typed verl key (``actor_rollout_ref.actor.ppo_max_token_len_per_gpu=...``)
 wins over both. Where the plan cannot be made (an unknown model, a layout that does not factor: validation reports
 those), the source article's factors stand in, so the rest of the checks still run, and validation says so with the
-reason (``recipes.plan.BUDGET_FALLBACKS``): the repository's measurement puts those factors at 0.70x of the auto budget's speed.
+reason (``recipes.plan.BUDGET_FALLBACKS``): the repository's measurement puts those factors at 0.70x of the auto
+budget's speed.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from __future__ import annotations
 from omegaconf import DictConfig, OmegaConf
 
 from hybrid_engine.layout import InferLayout, TrainLayout, collect_layout_errors
-from hybrid_engine.plan import build_plan
 from hybrid_engine.model_spec import build_spec
+from hybrid_engine.plan import build_plan
 from hybrid_engine.plan.budget import auto_token_budgets
 from hybrid_engine.plan.engine_share import engine_share, graph_sizes
 from hybrid_engine.plan.memory import kv_bytes_per_token

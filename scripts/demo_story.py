@@ -72,7 +72,8 @@ def _moves_text(result: dict) -> str:
     if not moves:
         return ""
     return (f"; in-reward coefficient: {moves['at_largest']} of {moves['moves']} moves at the largest "
-            f"(x{math.exp(moves['largest']):.2f}), {moves['reversals']} reversals, mean |log step| {moves['mean_abs']:.2f}")
+            f"(x{math.exp(moves['largest']):.2f}), {moves['reversals']} reversals, mean |log step| "
+            f"{moves['mean_abs']:.2f}")
 
 
 def reread(folders: list[Path]) -> int:

@@ -10,7 +10,8 @@ MiB every 0.5 s) and engine_lines.txt (vLLM's own lines). Adds:
 - time to the first step: the command's start to step 1's metrics line (``first_step_done_s``), and that less step
   1's own ``timing_s/step`` (``first_step_start_s``: start-up alone);
 - the steady steps (2 on): median step time less any checkpoint save in it (verl saves at the last step when
-  ``trainer.save_freq`` > 0, as its example sets: not the work compared) and its parts (``timing_s/gen``, ``old_log_prob``, ``ref``,
+  ``trainer.save_freq`` > 0, as its example sets: not the work compared) and its parts (``timing_s/gen``,
+  ``old_log_prob``, ``ref``,
   ``update_actor``, ``update_weights``), response tokens a second per GPU (``response_length/mean`` x sequences /
   ``timing_s/step``, one GPU), and verl's ``perf/throughput`` (prompt and response tokens);
 - the device's peak memory (gpu_mem.csv, GiB) and vLLM's KV-cache lines.
@@ -76,7 +77,8 @@ def arm_figures(run_dir: Path, out: Path, arm: str, gpu: str, cluster: str, wall
     tokens_per_s = [d["response_length/mean"] * sequences / d["timing_s/step_no_save"] for d in steady
                     if "response_length/mean" in d and d.get("timing_s/step_no_save")]
     first_done = steps.get(1)
-    lines = (out / "engine_lines.txt").read_text(errors="replace").splitlines() if (out / "engine_lines.txt").is_file() else []
+    engine = out / "engine_lines.txt"
+    lines = engine.read_text(errors="replace").splitlines() if engine.is_file() else []
     return {
         "arm": arm,
         "gpu": gpu,

@@ -25,7 +25,8 @@ GIB = 1 << 30
 MIB = 1 << 20
 TARGET = 0.15
 # the runs gave vLLM 0.6 of the GPU (before rollout.share auto sized it to the batch)
-H200 = ["cluster=h200_141g", "cluster.gpus_per_node=1", "parallel=tp1", "rollout=vllm", "rollout.share=0.6", "task=tiny"]
+H200 = ["cluster=h200_141g", "cluster.gpus_per_node=1", "parallel=tp1", "rollout=vllm", "rollout.share=0.6",
+        "task=tiny"]
 RUNS = [  # (call folder, run name in it, recipe, model)
     ("call-a-kl-ppo", "kl_ppo", "kl_ppo", "tiny"),
     ("call-d-qwen05b-vllm-vs-hf", "grpo_qwen05b_vllm", "grpo", "qwen2_5_0_5b"),

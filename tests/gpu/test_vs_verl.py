@@ -47,7 +47,8 @@ def test_the_data_holds_prompts_of_the_asked_lengths_that_verls_reward_file_scor
         info = row["extra_info"]
         assert row["reward_model"]["ground_truth"] == str(info["a"] + info["b"])
         assert row["prompt"][0]["content"].endswith(f"{info['a']}+{info['b']}=")
-        assert compute_score(row["data_source"], str(info["a"] + info["b"]), row["reward_model"]["ground_truth"])["acc"] == 1.0
+        truth = row["reward_model"]["ground_truth"]
+        assert compute_score(row["data_source"], str(info["a"] + info["b"]), truth)["acc"] == 1.0
     # a second call keeps what is there
     assert vs_verl_data.main([str(tokenizer_dir), str(tmp_path), "--train", "3"]) == 0
     assert len(pd.read_parquet(tmp_path / "train.parquet")) == 12
@@ -57,7 +58,8 @@ def _arm(folder: Path, steps: list[dict], times: str, mem_mib: list[int]) -> tup
     run, out = folder / "run", folder / "out"
     run.mkdir(parents=True)
     out.mkdir(parents=True)
-    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": i + 1, "data": d}) + "\n" for i, d in enumerate(steps)))
+    lines = [json.dumps({"step": i + 1, "data": d}) + "\n" for i, d in enumerate(steps)]
+    (run / "metrics.jsonl").write_text("".join(lines))
     (out / "step_times.txt").write_text(times)
     (out / "gpu_mem.csv").write_text("".join(f"2026/12/06 20:00:0{i}.000, {m}\n" for i, m in enumerate(mem_mib)))
     (out / "engine_lines.txt").write_text("INFO It took 0.097 seconds to wake up tags ['kv_cache'].\nunrelated\n")

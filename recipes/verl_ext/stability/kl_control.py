@@ -12,7 +12,8 @@ controller's value in memory only. This controller:
     acts on the loss-side coefficient (``actor.kl_loss_coef``, GRPO's ``use_kl_loss``) with the step's
     ``actor/kl_loss``, and on the in-reward one (verl's ``kl_ctrl_in_reward.value``, KL-PPO's ``use_kl_in_reward``)
     with an exponential average of the steps' ``actor/reward_kl_penalty`` (``kl.controller.reward_smoothing``: one
-    batch's mean is noisy, and read raw it moved the coefficient by the full bound nearly every step). The step is a multiple of the coefficient, whatever its scale; the
+    batch's mean is noisy, and read raw it moved the coefficient by the full bound nearly every step). The step is
+    a multiple of the coefficient, whatever its scale; the
     ``kp`` term answers a KL that is moving, the ``ki`` term one that stays off target; the bound keeps one noisy
     step from swinging it more than ``exp(max_step)``.
   - ``proportional``: verl's adaptive rule (Ziegler et al. 2019) on the loss-side coefficient,
