@@ -89,8 +89,10 @@ def unsynced(tmp_path_factory) -> Stopped:
         for worker in workers:
             worker.send_signal(signal.SIGKILL)
 
-    return stop_after_step_3(tmp_path_factory.mktemp("unsynced"), "kl_ppo", stop=kill_workers,
-                             env={SYNC_WEIGHTS_ENV: "0"})
+    # an in-reward coefficient that starts apart from the loss-side one (both 0.05 in task=tiny): the terminal's
+    # coefficient can be told to be the in-reward one
+    return stop_after_step_3(tmp_path_factory.mktemp("unsynced"), "kl_ppo", "algorithm.kl_ctrl.kl_coef=0.03",
+                             stop=kill_workers, env={SYNC_WEIGHTS_ENV: "0"})
 
 
 def test_kl_ppo_trains_the_critic_with_kl_in_the_reward(unsynced):
@@ -103,10 +105,12 @@ def test_kl_ppo_trains_the_critic_with_kl_in_the_reward(unsynced):
     # -KL(ref || actor) <= 0
     assert penalty[0] == pytest.approx(0, abs=1e-6), f"in-reward KL per step: {penalty}"
     assert max(abs(p) for p in penalty[1:]) > 1e-3 and sum(penalty[1:]) < 0, f"in-reward KL per step: {penalty}"
-    # the terminal shows that KL with the coefficient verl's in-reward controller applied, not the loss-side one the
-    # step also logs (unused in KL-PPO, constant here while the in-reward one moves)
+    # an in-reward KL at or below 0 says nothing of its level: the controller holds the in-reward coefficient (0.03
+    # as typed) where every step's is; the terminal shows that coefficient, the one verl applied, not the loss-side
+    # one the step also logs (0.05, unused in KL-PPO)
     coef, loss_coef = unsynced.series("actor/reward_kl_penalty_coeff"), unsynced.series("kl_control/loss_coef")
-    assert any(f"{a:.4g}" != f"{b:.4g}" for a, b in zip(coef, loss_coef, strict=True)), (coef, loss_coef)
+    assert all(c == pytest.approx(0.03) for c in coef) and all(c == pytest.approx(0.05) for c in loss_coef), (
+        coef, loss_coef)
     step_lines = [line for line in unsynced.stdout.splitlines() if line.startswith("step ")]
     assert 3 <= len(step_lines) <= steps, step_lines  # a step logged while the run stopped may go unprinted
     for line, kl, applied in zip(step_lines, penalty[:len(step_lines)], coef[:len(step_lines)], strict=True):
