@@ -27,8 +27,7 @@ __all__ = ["ARTICLE_FACTORS", "FALLBACK_SHARE", "auto_budgets", "engine_graph_si
 
 KEYS = {"actor": "ppo_max_token_len_per_gpu", "logprob": "log_prob_max_token_len_per_gpu",
         "critic": "critic_ppo_max_token_len_per_gpu"}
-_MEMO: dict[tuple, dict | None] = {}
-_WHY: dict[tuple, str] = {}
+_MEMO: dict[tuple, dict | str] = {}
 
 
 def _inputs(cfg: DictConfig) -> tuple:
@@ -59,12 +58,14 @@ def auto_budgets(cfg: DictConfig) -> dict | None:
         return None
     if key not in _MEMO:
         _MEMO[key] = _compute(cfg)
-    if _MEMO[key] is None:
-        BUDGET_FALLBACKS.add(_WHY.get(key, "no plan"))
+    if isinstance(_MEMO[key], str):  # why no plan could be made
+        BUDGET_FALLBACKS.add(_MEMO[key])
+        return None
     return _MEMO[key]
 
 
-def _compute(cfg: DictConfig) -> dict | None:
+def _compute(cfg: DictConfig) -> dict | str:
+    """The auto budgets, or the first line of why they cannot be planned."""
     from recipes.validate import _fsdp_layout, _layout_dict, _world, load_model_arch  # lazy: validate imports fit
     from recipes.verl_ext.api import roles
 
@@ -75,25 +76,21 @@ def _compute(cfg: DictConfig) -> dict | None:
         train_d = _fsdp_layout(cfg, _layout_dict(cfg, "layout.train", problems), problems)
         infer_d = _layout_dict(cfg, "layout.infer", problems)
         if arch is None or world is None or problems:
-            return _give_up(cfg, problems[0] if problems else "the model's architecture is not known here")
+            return problems[0].splitlines()[0] if problems else "the model's architecture is not known here"
         train, infer, layout_problems = collect_layout_errors(
             train_d, infer_d, world, desc, gpus_per_node=OmegaConf.select(cfg, "cluster.gpus_per_node"))
         if layout_problems or train is None or infer is None:
-            return _give_up(cfg, layout_problems[0] if layout_problems else "the layout does not factor")
+            return layout_problems[0].splitlines()[0] if layout_problems else "the layout does not factor"
         use_critic, use_ref = roles(cfg)
         seq = int(cfg.data.max_prompt_length) + int(cfg.data.max_response_length)
         settings = plan_settings(cfg, use_critic, use_ref, budgets=(seq, seq))
         plan = build_plan(arch, TrainLayout(**_fields(train)), InferLayout(**_fields(infer)), cluster_spec(cfg),
                           settings)
         if plan.groups is None or plan.memory is None:
-            return _give_up(cfg, "the plan has no memory model for this layout")
+            return "the plan has no memory model for this layout"
         return auto_token_budgets(plan.spec, plan.groups, plan.cluster, settings, plan.memory["rollout"]["weights"])
-    except Exception as error:  # noqa: BLE001 - said by validation (fallback_reason), and the plan reports it
-        return _give_up(cfg, f"{type(error).__name__}: {error}")
-
-
-def _give_up(cfg: DictConfig, why: str) -> None:
-    _WHY[_inputs(cfg)] = str(why).splitlines()[0]
+    except Exception as error:  # noqa: BLE001 - validation says it (BUDGET_FALLBACKS), and the plan reports it
+        return f"{type(error).__name__}: {error}".splitlines()[0]
 
 
 def _fields(layout) -> dict:

@@ -64,18 +64,19 @@ def arm_figures(run_dir: Path, out: Path, arm: str, gpu: str, cluster: str, wall
     base = figures(run_dir, arm, wall_s)
     steps = step_times(out / "step_times.txt")
     per_step = base.pop("per_step")
-    steady = [data for step, data in sorted(per_step.items()) if step != min(per_step, default=0)]
-    step1 = per_step.get(min(per_step)) if per_step else None
-
-    for data in steady:  # the step's time without a checkpoint save
-        data["timing_s/step_no_save"] = data.get("timing_s/step", 0.0) - data.get("timing_s/save_checkpoint", 0.0)
+    first = min(per_step, default=None)
+    steady = [data for step, data in sorted(per_step.items()) if step != first]
+    step1 = per_step.get(first)
+    # each step's time without a checkpoint save in it
+    unsaved = [d.get("timing_s/step", 0.0) - d.get("timing_s/save_checkpoint", 0.0) for d in steady]
 
     def median(key: str) -> float | None:
         values = [d[key] for d in steady if key in d]
         return statistics.median(values) if values else None
 
-    tokens_per_s = [d["response_length/mean"] * sequences / d["timing_s/step_no_save"] for d in steady
-                    if "response_length/mean" in d and d.get("timing_s/step_no_save")]
+    tokens_per_s = [d["response_length/mean"] * sequences / seconds for d, seconds in zip(steady, unsaved, strict=True)
+                    if "response_length/mean" in d and seconds]
+    parts = {key.split("/")[-1]: median(key) for key in PARTS}
     first_done = steps.get(1)
     engine = out / "engine_lines.txt"
     lines = engine.read_text(errors="replace").splitlines() if engine.is_file() else []
@@ -89,9 +90,9 @@ def arm_figures(run_dir: Path, out: Path, arm: str, gpu: str, cluster: str, wall
         "steady_steps": len(steady),
         "first_step_done_s": first_done,
         "first_step_start_s": None if first_done is None or not step1 else first_done - step1.get("timing_s/step", 0.0),
-        "step_s": median("timing_s/step_no_save"),
+        "step_s": statistics.median(unsaved) if unsaved else None,
         "step_with_saves_s": median("timing_s/step"),
-        "parts_s": {key.split("/")[-1]: median(key) for key in PARTS if median(key) is not None},
+        "parts_s": {part: value for part, value in parts.items() if value is not None},
         "response_tokens_per_s_per_gpu": statistics.median(tokens_per_s) if tokens_per_s else None,
         "throughput_tokens_per_s_per_gpu": median("perf/throughput"),
         "response_length_mean": median("response_length/mean"),
