@@ -39,7 +39,7 @@ from hybrid_engine.layout import InferLayout, LayoutError, TrainLayout
 from hybrid_engine.model_spec import ModelArch
 from hybrid_engine.plan import ClusterSpec, Plan, PlanSettings, build_plan
 from hybrid_engine.plan.memory import estimate_memory
-from hybrid_engine.plan.render import gib_text
+from hybrid_engine.plan.render import gib_text, host_text
 from hybrid_engine.plan.settings import GIB
 from recipes.plan import cluster_spec, offload_keys, plan_settings
 from recipes.schema import SchemaError
@@ -93,8 +93,11 @@ def memory_plan(cfg: DictConfig, train: TrainLayout | None, infer: InferLayout |
 
 
 def overcommitted(plan: Plan | None) -> bool:
-    """Planned peak memory per GPU > the GPU's memory (nothing stricter: the model is an estimate)."""
-    return plan is not None and plan.memory is not None and plan.memory["peak_bytes"] > plan.memory["gpu_bytes"]
+    """Planned peak memory per GPU > the GPU's memory (nothing stricter: the model is an estimate), or offloaded
+    states beyond a node's known CPU memory."""
+    if plan is None or plan.memory is None:
+        return False
+    return plan.memory["peak_bytes"] > plan.memory["gpu_bytes"] or plan.memory["host"]["fits"] is False
 
 
 def layout_free(cfg: DictConfig) -> bool:
@@ -105,6 +108,10 @@ def layout_free(cfg: DictConfig) -> bool:
         if not isinstance(node, DictConfig) or "dp" not in node or not OmegaConf.is_interpolation(node, "dp"):
             return False
     return True
+
+
+POLICY_KEY = "actor_rollout_ref.actor.fsdp_config.offload_policy"
+"""verl's FSDP2 CPUOffloadPolicy switch, which offload=full turns on with the other two"""
 
 
 def offload_overrides(cfg: DictConfig, settings: PlanSettings) -> Callable[[str], tuple[str, ...]]:
@@ -118,6 +125,8 @@ def offload_overrides(cfg: DictConfig, settings: PlanSettings) -> Callable[[str]
         wanted = _with_offload(settings, name)
         pairs = ((keys[0], settings.param_offload, wanted.param_offload),
                  (keys[1], settings.optimizer_offload, wanted.optimizer_offload))
+        if settings.strategy == "fsdp2":
+            pairs += ((POLICY_KEY, settings.offload_policy, wanted.offload_policy),)
         return tuple(f"{key}=true" for key, now, new in pairs if new and not now)
 
     return verl_keys
@@ -157,6 +166,9 @@ def check_memory(cfg: DictConfig, train: TrainLayout | None, infer: InferLayout 
 def overcommit_line(plan: Plan) -> str:
     """``memory: planned peak ... > ...``: what does not fit, with the arithmetic."""
     m, t, i, c = plan.memory, plan.train, plan.infer, plan.cluster
+    if m["peak_bytes"] <= m["gpu_bytes"]:  # the host's memory, not the GPU's
+        return (f"memory: {host_text(m['host'], c.gpus_per_node)}: {plan.arch.name} {plan.settings.strategy} "
+                f"offload {plan.settings.offload} on {c.nnodes}x{c.gpus_per_node} GPUs")
     return (f"memory: planned peak {gib_text(m['peak_bytes'])} per GPU in {m['peak_phase']} > cluster.gpu.memory_gib "
             f"{c.memory_gib:g} ({c.gpu}), {gib_text(m['peak_bytes'] - m['gpu_bytes'])} over: {plan.arch.name} "
             f"{plan.settings.strategy} train tp{t.tp} pp{t.pp} cp{t.cp} dp{t.dp}, infer tp{i.tp}, "
@@ -265,7 +277,8 @@ class _Search:
 
 def _with_offload(settings: PlanSettings, name: str) -> PlanSettings:
     """The settings ``offload=<name>`` gives (recipes.plan.plan_settings reads offload.param / offload.optimizer)."""
-    return replace(settings, param_offload=name in ("param", "full"), optimizer_offload=name in ("optimizer", "full"))
+    return replace(settings, param_offload=name in ("param", "full"), optimizer_offload=name in ("optimizer", "full"),
+                   offload_policy=name == "full")
 
 
 def _offload_names(settings: PlanSettings) -> tuple[str, ...]:

@@ -32,6 +32,7 @@ def cluster_spec(cfg: DictConfig) -> ClusterSpec:
         memory_gib=float(gpu.memory_gib),
         nvlink_GBps=float(gpu.nvlink_GBps),
         network_GBps=float(gpu.network_GBps),
+        host_memory_gib=None if cluster.host_memory_gib is None else float(cluster.host_memory_gib),
     )
 
 
@@ -89,10 +90,13 @@ def plan_settings(cfg: DictConfig, has_critic: bool, has_ref: bool, *, budgets: 
     keys = offload_keys(cfg.strategy.name)
     param, optimizer = (bool(sel(keys[0], offload.param)), bool(sel(keys[1], offload.optimizer))) if keys else (
         offload.param, offload.optimizer)
+    foreach = sel(f"{actor}.optim.override_optimizer_config.foreach", None)
     return PlanSettings(
         strategy=str(cfg.strategy.name),
         param_offload=param,
         optimizer_offload=optimizer,
+        offload_policy=bool(sel(f"{actor}.fsdp_config.offload_policy", offload.policy)),
+        optimizer_foreach=foreach is None or bool(foreach),
         dtype="bfloat16",
         max_prompt_length=int(sel("data.max_prompt_length")),
         max_response_length=int(sel("data.max_response_length")),

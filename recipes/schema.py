@@ -204,6 +204,8 @@ class Cluster(_Checked):
     """total ranks, nnodes * gpus_per_node (derived)"""
     gpu: GPU
     """the accelerator"""
+    host_memory_gib: float | None = _bounded(POSITIVE, default=None)
+    """CPU memory of one node in GiB, where offloaded states live; null: not known (not checked)"""
 
 
 KLMode = Literal["fixed", "adaptive", "ramp"]

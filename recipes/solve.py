@@ -16,7 +16,7 @@ import sys
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from hybrid_engine.plan.render import gib_text
+from hybrid_engine.plan.render import gib_text, host_text
 from hybrid_engine.plan.settings import FSDP_FAMILY, ClusterSpec, PlanSettings
 from hybrid_engine.plan.solve import MAX_SHARE, Candidate, SolveRequest, SolveResult, solve
 from hybrid_engine.plan.step_time import Workload
@@ -179,6 +179,8 @@ def shortfall_line(result: SolveResult) -> str:
     if "shard_bytes" in s:
         why = (f", holds a generation shard of at least {gib_text(s['shard_bytes'])} > the largest rollout share "
                f"{MAX_SHARE:g} * {gib_text(s['gpu_bytes'])} = {gib_text(s['share_bytes'])}")
+    elif s["bytes"] > s["peak_bytes"] + s["headroom_bytes"] - s["gpu_bytes"]:  # the host's memory is the shorter
+        why = f" with offload={s['offload']} and the smallest budgets, {host_text(s['host'], c.gpus_per_node)}"
     else:
         why = (f" with offload={s['offload']} and the smallest budgets, plans {gib_text(s['peak_bytes'])} in "
                f"{s['peak_phase']} + {gib_text(s['headroom_bytes'])} headroom > {gib_text(s['gpu_bytes'])}")

@@ -28,7 +28,7 @@ from hybrid_engine.model_spec import ModelArch, ModelSpec, build_spec
 from hybrid_engine.plan import render
 from hybrid_engine.plan.bytes import SchemeBytes, compute_bytes, generation_shard_peak
 from hybrid_engine.plan.memory import estimate_memory
-from hybrid_engine.plan.render import gib_text
+from hybrid_engine.plan.render import gib_text, host_text
 from hybrid_engine.plan.settings import ClusterSpec, PlanSettings, dtype_bytes
 
 __all__ = ["ClusterSpec", "Plan", "PlanSettings", "build_plan", "plan_from_names"]
@@ -199,7 +199,9 @@ def _warnings(plan: Plan, spec: ModelSpec) -> list[str]:
                 f" {s.min_headroom_gib:g} GiB headroom when the engine wakes (and holds its weights and one sequence):"
                 f" {share['why']}"
             )
-        if not m["fits"]:
+        if m["host"]["fits"] is False:
+            out.append(f"memory: host {host_text(m['host'], plan.cluster.gpus_per_node)}")
+        if not m["gpu_fits"]:
             out.append(
                 f"memory: peak {gib_text(m['peak_bytes'])} in {m['peak_phase']} leaves"
                 f" {gib_text(m['headroom_bytes'])} of"

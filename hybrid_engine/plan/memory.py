@@ -12,7 +12,11 @@ Training state of the actor (the critic, when there is one, is the same size):
                  dp*cp/ep).
 Offload (verl moves states back to the GPU for the phase that uses them, so offload lowers the OTHER phases):
   param      actor/ref/critic params and grads on CPU outside their compute; optimizer  optimizer states (and the
-  megatron master weights) on CPU outside the update; full  both.
+  megatron master weights) on CPU outside the update; full  both. FSDP2's CPUOffloadPolicy (offload=full on fsdp2)
+  instead keeps the fp32 params, grads and Adam states on the CPU in every phase and steps there: the GPU holds the
+  layers being computed and each one's fp32 shard as it is copied in. Offloaded bytes fill the host's memory
+  (``host``: per machine, checked against cluster.host_memory_gib when it is known). torch AdamW's foreach step takes
+  one fp32 copy of the shard (off with optimizer_foreach=False).
 Micro-batches: dynamic ones hold at most the token budget (verl makes ceil(tokens / budget) of them and balances
   them) and at most the pass's own tokens (the PPO mini-batch per GPU for the update, the rollout batch per GPU for
   the log-prob passes); fixed ones micro-batch sequences * (prompt + response), padded.
@@ -106,6 +110,7 @@ def _training_state(spec: ModelSpec, groups: HybridGroups, settings: PlanSetting
             "master_weights": 0,
             "optimizer": shard * 8,
             "unsharded_layers": 3 * _largest_layer_elems(spec) * compute,
+            "layer_shard": -(-_largest_layer_elems(spec) // groups.world_size) * 4,
             "optimizer_step": shard * 4,
             "param_elems": shard,
         }
@@ -128,6 +133,7 @@ def _training_state(spec: ModelSpec, groups: HybridGroups, settings: PlanSetting
         "master_weights": -(-dense_elems * 4 // dp_cp) + -(-expert_elems * 4 // edp),
         "optimizer": -(-dense_elems * 8 // dp_cp) + -(-expert_elems * 8 // edp),
         "unsharded_layers": 0,
+        "layer_shard": 0,
         "optimizer_step": 0,  # Megatron's fused Adam (multi-tensor apply) steps without a shard-sized temporary
         "param_elems": dense_elems + expert_elems,
     }
@@ -301,9 +307,11 @@ def estimate_memory(
     else:
         kv_tokens = max(kv_cache, 0) // per_token if per_token else 0
 
+    policy = settings.policy_offload
+
     def resident(state: dict[str, int] | None) -> int:
         """What a trained model keeps on the GPU outside its own update."""
-        if state is None:
+        if state is None or policy:
             return 0
         kept = 0
         if not settings.param_offload:
@@ -315,20 +323,25 @@ def estimate_memory(
     def full(state: dict[str, int]) -> int:
         return state["params"] + state["grads"] + state["master_weights"] + state["optimizer"]
 
-    ref_resident = 0 if settings.param_offload else ref_params
+    ref_offloaded = settings.param_offload or policy
+    ref_resident = 0 if ref_offloaded else ref_params
     generation = reserved + resident(actor) + resident(critic) + ref_resident
-    backward = actor["unsharded_layers"] + acts["activations"] + acts["logits"]
+    # CPUOffloadPolicy copies each layer's fp32 shard in before its all-gather; the step runs on the CPU
+    copied_in = actor["layer_shard"] if policy else 0
+    backward = actor["unsharded_layers"] + copied_in + acts["activations"] + acts["logits"]
+    step = 0 if policy or not settings.optimizer_foreach else actor["optimizer_step"]
     training = (
-        full(actor)
-        + max(backward, actor["optimizer_step"])  # the pass's peak, or AdamW's step after it
+        (0 if policy else full(actor))
+        + max(backward, step)  # the pass's peak, or AdamW's step after it
         + resident(critic)
         + ref_resident
         + (0 if sleeps else reserved)
     )
     log_prob = (
         resident(actor)
-        + (actor["params"] if settings.param_offload else 0)
+        + (actor["params"] if settings.param_offload and not policy else 0)
         + actor["unsharded_layers"]
+        + copied_in
         + acts["log_prob_activations"]
         + acts["log_prob_logits"]
         + resident(critic)
@@ -336,6 +349,9 @@ def estimate_memory(
         + (0 if sleeps else reserved)
     )
     phases = {"generation": generation, "training": training, "log_prob": log_prob}
+    host = _host_bytes(actor, critic, ref_params if ref_offloaded else 0, settings, cluster)
+    gpu_fits = gpu - max(phases.values()) >= int(settings.min_headroom_gib * GIB) and (
+        reserved > generation_weight_bytes or host_rollout)
     peak_phase = max(phases, key=phases.get)
     peak = phases[peak_phase]
     headroom = gpu - peak
@@ -385,8 +401,37 @@ def estimate_memory(
         "peak_bytes": peak,
         "headroom_bytes": headroom,
         "min_headroom_bytes": min_headroom,
-        "fits": headroom >= min_headroom and (kv_cache > 0 or host_rollout),
+        "host": host,
+        "gpu_fits": gpu_fits,
+        "fits": gpu_fits and host["fits"] is not False,
     }
+
+
+HOST_HEADROOM_GIB = 16.0
+"""CPU memory per machine kept beside the offloaded states: Ray, the Python workers, vLLM's process and the pinned
+staging buffers (an allowance, not measured)."""
+
+
+def _host_bytes(actor: dict, critic: dict | None, ref_params: int, settings: PlanSettings,
+                cluster: ClusterSpec) -> dict:
+    """What offload puts in one machine's CPU memory: per GPU, the actor's (and critic's) offloaded states and the
+    offloaded ref, times the GPUs of a machine; whether it fits ``cluster.host_memory_gib`` (None: not known)."""
+
+    def offloaded(state: dict | None) -> int:
+        if state is None:
+            return 0
+        if settings.policy_offload:
+            return state["params"] + state["grads"] + state["master_weights"] + state["optimizer"]
+        return ((state["params"] if settings.param_offload else 0)
+                + (state["optimizer"] + state["master_weights"] if settings.optimizer_offload else 0))
+
+    per_gpu = offloaded(actor) + offloaded(critic) + ref_params
+    per_node = per_gpu * cluster.gpus_per_node
+    fits = None
+    if cluster.host_memory_gib is not None:
+        fits = per_node + HOST_HEADROOM_GIB * GIB <= cluster.host_memory_gib * GIB
+    return {"per_gpu": per_gpu, "per_node": per_node, "headroom_gib": HOST_HEADROOM_GIB,
+            "memory_gib": cluster.host_memory_gib, "fits": fits}
 
 
 def utilization_bounds(*, gpu: int, min_headroom: int, beside_engine: int, engine_floor: int, configured: float,

@@ -46,6 +46,17 @@ def gib_text(value: int | float) -> str:
     return f"{value / GIB:.2f} GiB"
 
 
+def host_text(host: dict, gpus_per_node: int) -> str:
+    """The offloaded states in one machine's CPU memory, and whether they fit it (with the arithmetic)."""
+    text = (f"offloaded {gib_text(host['per_node'])} per node ({gib_text(host['per_gpu'])} per GPU x "
+            f"{gpus_per_node})")
+    if host["memory_gib"] is None:
+        return f"{text}; cluster.host_memory_gib not set: not checked"
+    verdict = "fits" if host["fits"] else "DOES NOT FIT"
+    return (f"{text} + {host['headroom_gib']:g} GiB for the processes vs cluster.host_memory_gib "
+            f"{host['memory_gib']:g}: {verdict}")
+
+
 def seconds_text(value: float) -> str:
     return f"{value * 1e3:.1f} ms" if value < 1 else f"{value:.2f} s"
 
@@ -176,11 +187,13 @@ def render_table(plan: Plan) -> str:
                 f" {share['max']:.2f} leaves the training side its peak + headroom when the engine wakes: {verdict}"
             )
         lines.append("  phases   " + "  ".join(f"{k} {gib_text(v)}" for k, v in m["phases"].items()))
-        verdict = "fits" if m["fits"] else "DOES NOT FIT"
+        verdict = "fits" if m["gpu_fits"] else "DOES NOT FIT"
         lines.append(
             f"  peak     {gib_text(m['peak_bytes'])} in {m['peak_phase']},"
             f" headroom {gib_text(m['headroom_bytes'])}: {verdict}"
         )
+        if m["host"]["per_node"]:
+            lines.append(f"  host     {host_text(m['host'], plan.cluster.gpus_per_node)}")
     for title, items in (("warnings", plan.warnings), ("errors", plan.errors)):
         if items:
             lines.append("")

@@ -41,6 +41,8 @@ class ClusterSpec:
     """NVLink bandwidth inside a node, GB/s per GPU per direction (H100 SXM: 900 GB/s both ways)."""
     network_GBps: float = 50.0
     """Network bandwidth across nodes, GB/s per GPU per direction (one 400 Gb/s NIC per GPU)."""
+    host_memory_gib: float | None = None
+    """CPU memory of one machine in GiB, where offloaded states live; None = not known (not checked)."""
 
     @property
     def world_size(self) -> int:
@@ -69,6 +71,13 @@ class PlanSettings:
     """Actor (and ref, critic) parameters and gradients live on CPU outside their compute [*.param_offload]."""
     optimizer_offload: bool = False
     """Optimizer states live on CPU outside the actor update [*.optimizer_offload]."""
+    offload_policy: bool = False
+    """FSDP2's CPUOffloadPolicy: the actor's (and critic's) fp32 params, grads and Adam states stay on the CPU, the
+    optimizer steps there, the GPU holds only the layers being computed; verl then skips its own param and optimizer
+    offload. fsdp2 only [actor.fsdp_config.offload_policy]."""
+    optimizer_foreach: bool = True
+    """torch AdamW's multi-tensor step, which takes one fp32 copy of the shard on the GPU as a temporary; False
+    steps tensor by tensor [actor.optim.override_optimizer_config.foreach]."""
     dtype: str = "bfloat16"
     """Compute dtype of weights moved to the rollout engine and of activations."""
     max_prompt_length: int = 1024
@@ -123,9 +132,14 @@ class PlanSettings:
     """Sequences one GPU scores per log-prob pass: train_batch_size * rollout.n / dp; None = unknown."""
 
     @property
+    def policy_offload(self) -> bool:
+        """CPUOffloadPolicy applies: verl's fsdp2 engine reads it, the other engines do not."""
+        return self.offload_policy and self.strategy == "fsdp2"
+
+    @property
     def offload(self) -> str:
-        if self.param_offload and self.optimizer_offload:
-            return "full"
+        if self.policy_offload or (self.param_offload and self.optimizer_offload):
+            return "full"  # offload/full.yaml turns all three on
         return "param" if self.param_offload else "optimizer" if self.optimizer_offload else "none"
 
     @property

@@ -274,7 +274,8 @@ class _Solver:
 
     def settings(self, layout: _Layout, offload: str, actor: dict, log_prob: dict, share: float) -> PlanSettings:
         s = replace(self.base, strategy=layout.strategy, param_offload=offload in ("param", "full"),
-                    optimizer_offload=offload in ("optimizer", "full"), gpu_memory_utilization=share)
+                    optimizer_offload=offload in ("optimizer", "full"), offload_policy=offload == "full",
+                    gpu_memory_utilization=share)
         return replace(s, **actor, **log_prob, **self.per_gpu_batches(layout.train.dp))
 
     def per_gpu_batches(self, dp: int) -> dict:
@@ -357,8 +358,12 @@ class _Solver:
         return bool(memory["fits"]) and memory["rollout"]["kv_cache_tokens"] >= self.seq
 
     def shortfall(self, memory: dict) -> int:
-        """Bytes the peak phase lacks for the headroom (at least 1 when it fails for want of a KV cache)."""
-        return max(int(memory["peak_bytes"] + self.headroom - self.gpu_bytes), 1)
+        """Bytes the peak phase lacks for the headroom, or the host for the offloaded states where it is the shorter
+        (at least 1 when it fails for want of a KV cache)."""
+        host = memory["host"]
+        host_short = 0 if host["fits"] is not False else int(
+            host["per_node"] + (host["headroom_gib"] - host["memory_gib"]) * GIB)
+        return max(int(memory["peak_bytes"] + self.headroom - self.gpu_bytes), host_short, 1)
 
     # time -------------------------------------------------------------------------------------------------------
     def time(self, layout: _Layout, settings: PlanSettings, memory: dict, sync_s: float) -> StepTime:
@@ -510,7 +515,7 @@ def solve(request: SolveRequest) -> SolveResult:
                 closest = {"bytes": short, "strategy": layout.strategy, "train": layout.train,
                            "infer": layout.infer, "offload": offload, "peak_phase": memory["peak_phase"],
                            "peak_bytes": memory["peak_bytes"], "gpu_bytes": solver.gpu_bytes,
-                           "headroom_bytes": solver.headroom}
+                           "headroom_bytes": solver.headroom, "host": memory["host"]}
             continue
         result.fitting += 1
         found.append(best)

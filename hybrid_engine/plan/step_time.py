@@ -50,6 +50,11 @@ LINK_LATENCY_S = {"nvlink": 8e-6, "network": 25e-6}
 """latency of one small collective (decode all-reduces are latency-bound)"""
 PCIE_GBPS = 25.0
 """host <-> GPU copies of offloaded states, GB/s per GPU (PCIe Gen5 x16 with pinned memory, shared by the node)"""
+HOST_ADAM_BYTES_PER_ELEM = 28
+"""bytes AdamW moves through host memory per fp32 element when it steps on the CPU (CPUOffloadPolicy): reads param,
+grad, m, v; writes param, m, v"""
+HOST_ADAM_GBPS = 20.0
+"""host memory bandwidth one GPU's CPU step gets (an assumption, not measured)"""
 
 _DATASHEETS = {  # name fragment: (dense bf16 TFLOPS, HBM GB/s)
     "h200": (989.0, 4800.0),
@@ -258,6 +263,15 @@ def step_time(spec: ModelSpec, train: TrainLayout, infer: InferLayout, cluster: 
         per_update += mini_batches * _dp_sync_s(train, cluster, actor["params"] // 2)
     update = models * workload.ppo_epochs * per_update
     pcie = PCIE_GBPS * 1e9
+    if settings.policy_offload:  # every micro-batch copies the fp32 shards in (twice in the update: forward and
+        # backward) and the grads out; AdamW steps on the CPU once a mini-batch
+        world_tokens = tokens // max(train.dp * train.cp, 1)
+        log_prob += forwards * -(-world_tokens // max(acts["log_prob_tokens"], 1)) * actor["params"] / pcie
+        update_micro = workload.ppo_epochs * -(-world_tokens // max(acts["tokens_per_micro_batch"], 1))
+        update += models * update_micro * (2 * actor["params"] + actor["grads"]) / pcie
+        update += models * workload.ppo_epochs * mini_batches * HOST_ADAM_BYTES_PER_ELEM * (actor["params"] // 4) / (
+            HOST_ADAM_GBPS * 1e9)
+        return StepTime(generation=generation, log_prob=log_prob, update=update, weight_sync=sync_s)
     if settings.param_offload:  # onto the GPU for the log-prob passes and the update, grads back
         log_prob += forwards * actor["params"] / pcie
         update += models * (actor["params"] + actor["grads"]) * 2 / pcie

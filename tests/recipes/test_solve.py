@@ -170,14 +170,17 @@ def test_json_carries_the_same_layouts_and_commands(done_when):
 
 
 def test_nothing_fits_is_one_line_with_the_shortfall_and_exit_2():
-    result = _main("recipes.grpo", "model=llama3_1_70b", "cluster.gpus_per_node=2", "action=plan", "plan.solve=true")
+    # 512 GiB of host memory: FSDP2's CPUOffloadPolicy (offload=full) would put 1,183 GiB of states there
+    result = _main("recipes.grpo", "model=llama3_1_70b", "cluster.gpus_per_node=2", "cluster.host_memory_gib=512",
+                   "action=plan", "plan.solve=true")
     assert result.returncode == 2
     assert result.stdout == ""
     errors = [line for line in result.stderr.splitlines() if line.startswith("config error")]
     assert len(errors) == 1 and "Traceback" not in result.stderr
-    match = re.search(r"plans ([\d.]+) GiB in training \+ 2\.00 GiB headroom > 80\.00 GiB: ([\d.]+) GiB short",
-                      errors[0])
-    assert match and float(match[2]) == pytest.approx(float(match[1]) + 2 - 80, abs=0.011)
+    match = re.search(r"offloaded ([\d.]+) GiB per node \(([\d.]+) GiB per GPU x 2\) \+ 16 GiB for the processes vs "
+                      r"cluster.host_memory_gib 512: DOES NOT FIT: ([\d.]+) GiB short", errors[0])
+    assert match and float(match[1]) == pytest.approx(2 * float(match[2]), abs=0.011)
+    assert float(match[3]) == pytest.approx(float(match[1]) + 16 - 512, abs=0.011)
     assert errors[0].startswith("config error: plan.solve: no layout of llama3_1_70b fits 1x2 h100_80g")
 
 

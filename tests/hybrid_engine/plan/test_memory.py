@@ -27,8 +27,51 @@ def test_fsdp_training_state_tiny():
         "master_weights": 0,
         "optimizer": 8 * shard,
         "unsharded_layers": 3 * layer * 2,
+        "layer_shard": 4 * layer // 2,  # the fp32 shard CPUOffloadPolicy copies in
         "optimizer_step": 4 * shard,  # AdamW (foreach): one fp32 temporary per element at the step
     }
+
+
+def test_cpu_offload_policy_moves_the_states_to_the_host():
+    """FSDP2's CPUOffloadPolicy: params, grads and Adam states (16 B per element) on the CPU in every phase, the step
+    there too; the offloaded ref (2 B per element) beside them; fsdp (FSDP1) does not read the switch."""
+    spec = build_spec("tiny")
+    shard = 107_072 // 2
+    none = _fsdp(spec, 2, 1, PlanSettings(strategy="fsdp2"))
+    policy = _fsdp(spec, 2, 1, PlanSettings(strategy="fsdp2", offload_policy=True))
+    assert policy["host"]["per_gpu"] == 16 * shard + 2 * shard
+    assert policy["host"]["per_node"] == 8 * (16 * shard + 2 * shard)  # CLUSTER: 8 GPUs a node
+    assert none["host"]["per_gpu"] == 0
+    assert none["phases"]["training"] - policy["phases"]["training"] >= 16 * shard
+    assert policy["phases"]["generation"] == policy["rollout"]["reserved"]  # nothing resident beside the engine
+    fsdp1 = _fsdp(spec, 2, 1, PlanSettings(strategy="fsdp", offload_policy=True))
+    assert fsdp1["phases"] == _fsdp(spec, 2, 1, PlanSettings(strategy="fsdp"))["phases"]
+
+
+def test_host_memory_is_checked_when_known():
+    spec = build_spec("qwen2_5_7b")  # 7,615,616,512 parameters (the model card's count)
+    groups = hybrid_groups(TrainLayout(dp=1, order=FSDP_ORDER), InferLayout(tp=1).resolve(1))
+    settings = PlanSettings(strategy="fsdp2", offload_policy=True, max_prompt_length=512, max_response_length=512,
+                            gpu_memory_utilization=0.36, ppo_max_token_len_per_gpu=4096)
+    offloaded = 7_615_616_512 * (16 + 2)  # the actor's fp32 params, grads, m, v and the bf16 ref
+    for host_gib, fits in ((128, False), (160, True), (None, None)):
+        cluster = ClusterSpec(nnodes=1, gpus_per_node=1, memory_gib=80, host_memory_gib=host_gib)
+        m = estimate_memory(spec, groups, cluster, settings, 7_615_616_512 * 2)
+        assert m["host"]["per_node"] == offloaded
+        assert m["host"]["fits"] is fits
+        assert m["gpu_fits"]
+        assert m["fits"] is (fits is not False)
+
+
+def test_foreach_off_drops_the_adamw_step_temporary():
+    spec = build_spec("qwen2_5_7b")
+    groups = hybrid_groups(TrainLayout(dp=1, order=FSDP_ORDER), InferLayout(tp=1).resolve(1))
+    kw = dict(strategy="fsdp2", max_prompt_length=512, max_response_length=512, ppo_max_token_len_per_gpu=1024)
+    cluster = ClusterSpec(nnodes=1, gpus_per_node=1, memory_gib=141)
+    on = estimate_memory(spec, groups, cluster, PlanSettings(**kw), 0)
+    off = estimate_memory(spec, groups, cluster, PlanSettings(**kw, optimizer_foreach=False), 0)
+    # the step's temporary (4 B per element) outweighs a 1,024-token pass: without it the pass is the peak
+    assert on["phases"]["training"] - off["phases"]["training"] == 7_615_616_512 * 4 - off["training_parts"]["pass"]
 
 
 def test_megatron_training_state_llama_8b():

@@ -100,21 +100,26 @@ def test_each_result_obeys_the_model_shape_and_batch_rules(solved):
 
 
 def test_nothing_fits_reports_the_smallest_planned_shortfall():
-    req = _request("llama3_1_70b", 1, gpus_per_node=2)
+    # 512 GiB of host memory: FSDP2's CPUOffloadPolicy would need 70.6 B x 18 B = 1,183 GiB on the node
+    req = _request("llama3_1_70b", 1, gpus_per_node=2, host_memory_gib=512)
     result = solve(req)
     assert result.candidates == [] and result.fitting == 0
     short = result.shortfall
     assert short["offload"] == "full"
     spec = build_spec(req.arch)
-    lightest = replace(req.settings, param_offload=True, optimizer_offload=True, strategy=short["strategy"],
+    lightest = replace(req.settings, param_offload=True, optimizer_offload=True, offload_policy=True,
+                       strategy=short["strategy"],
                        ppo_max_token_len_per_gpu=2 * 1536, log_prob_max_token_len_per_gpu=2 * 1536)
     shortfalls = []
     for infer_tp in (1, 2):
-        for strategy, train in (("fsdp2", TrainLayout(dp=2, order="cp-dp-tp-pp")), ("megatron", TrainLayout(tp=2))):
+        for strategy, train in (("fsdp2", TrainLayout(dp=2, order="cp-dp-tp-pp")), ("megatron", TrainLayout(tp=2)),
+                                ("megatron", TrainLayout(pp=2))):
             plan = build_plan(req.arch, train, InferLayout(tp=infer_tp), req.cluster,
                               replace(lightest, strategy=strategy, gpu_memory_utilization=0.9), spec=spec)
             if plan.memory is not None and infer_tp == 2:
-                shortfalls.append(plan.memory["phases"]["training"] + 2 * GIB - plan.memory["gpu_bytes"])
+                host = plan.memory["host"]
+                shortfalls.append(max(plan.memory["phases"]["training"] + 2 * GIB - plan.memory["gpu_bytes"],
+                                      host["per_node"] + 16 * GIB - 512 * GIB))
     assert short["peak_phase"] == "training"
     assert short["bytes"] == min(shortfalls)  # the training phase does not depend on the rollout share
     assert short["bytes"] > 400 * GIB
