@@ -10,6 +10,10 @@ overrides from there too.
 
 from __future__ import annotations
 
+import yaml
+
+from recipes.confdir import conf_dir, group_options
+from recipes.errors import ConfigError
 from recipes.layout_keys import LAYOUT_FED_KEYS
 from recipes.overrides import chosen_keys, override_key, override_value
 
@@ -67,3 +71,66 @@ def embedded_defaults(argv: list[str], accelerator: bool, recipe_strategy: str |
     if accelerator or chooses_layout(argv) or "launcher=ray" in argv or gpu_only_strategy(argv, recipe_strategy):
         return []
     return [f"{group}={option}" for group, option in EMBEDDED_DEFAULTS.items() if group not in chosen]
+
+
+# -- the GPU this machine has, for a run that trains here -----------------------------------------------------------
+MEMORY_SLACK_GIB = 2.0
+"""How much more memory a cluster preset may name than the device reports (an H200 reports 139.8 GiB of its 141)."""
+
+
+def gpu_found() -> tuple[str, float] | None:
+    """GPU 0's name and memory in GiB, where torch sees one."""
+    import torch  # lazy, as has_accelerator
+
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(0)
+    return props.name, props.total_memory / 2**30
+
+
+def cluster_presets() -> dict[str, float]:
+    """Each GPU cluster option of conf/cluster and the memory per GPU it plans with (GiB)."""
+    out = {}
+    for option in group_options("cluster"):
+        data = yaml.safe_load((conf_dir() / "cluster" / f"{option}.yaml").read_text()) or {}
+        gib = ((data.get("cluster") or {}).get("gpu") or {}).get("memory_gib")
+        if option != "cpu" and isinstance(gib, (int, float)):
+            out[option] = float(gib)
+    return out
+
+
+def preset_for(name: str, memory_gib: float, presets: dict[str, float]) -> str | None:
+    """The cluster option of a device: its family (``h200`` of ``h200_141g``) in the device's name and its memory
+    within MEMORY_SLACK_GIB of the device's (an A100 40GB has no preset); None when none is."""
+    squeezed = name.lower().replace(" ", "")
+    family = [option for option in presets
+              if option.split("_")[0] in squeezed and abs(presets[option] - memory_gib) <= MEMORY_SLACK_GIB]
+    return min(family, key=lambda option: abs(presets[option] - memory_gib)) if family else None
+
+
+def machine_cluster(argv: list[str], found: tuple[str, float] | None) -> tuple[list[str], list[str]]:
+    """For a run on this machine's GPUs (no ``launcher=ray``): the cluster preset of the GPU it has where the command
+    line chose none, with a notice; for one that trains here, a ConfigError where the chosen preset plans for more
+    memory per GPU than the GPU has. Returns (overrides to add, notices)."""
+    if found is None or "launcher=ray" in argv:
+        return [], []
+    name, gib = found
+    presets = cluster_presets()
+    matching = preset_for(name, gib, presets)
+    typed = _typed(argv, "cluster")
+    if typed is None:
+        if any(override_key(arg).startswith("cluster.gpu.") for arg in argv):
+            return [], []
+        if matching is None:
+            return [], [f"GPU found: {name} ({gib:.1f} GiB), no cluster preset of its kind: the plan assumes the "
+                        f"recipe's (cluster=<option> or cluster.gpu.memory_gib={gib:.0f} for this one)"]
+        return [f"cluster={matching}"], [f"GPU found: {name} ({gib:.1f} GiB): cluster={matching}"]
+    if (_typed(argv, "action") or "train") != "train":
+        return [], []
+    planned = presets.get(typed)
+    memory_typed = any(override_key(arg) == "cluster.gpu.memory_gib" for arg in argv)
+    if planned is not None and not memory_typed and planned > gib + MEMORY_SLACK_GIB:
+        instead = f"cluster={matching}" if matching else f"cluster.gpu.memory_gib={gib:.0f}"
+        raise ConfigError(f"cluster={typed}: plans for {planned:g} GiB per GPU > this machine's {name} with "
+                          f"{gib:.1f} GiB; train here with {instead} (or launcher=ray for the cluster it names)")
+    return [], []

@@ -42,7 +42,15 @@ from recipes.compose import (
     refuse_shared_parts,
 )
 from recipes.confdir import conf_dir, entry_command, group_options, recipe_defaults
-from recipes.defaults import EMBEDDED_DEFAULTS, chooses_layout, embedded_defaults, gpu_only_strategy, has_accelerator
+from recipes.defaults import (
+    EMBEDDED_DEFAULTS,
+    chooses_layout,
+    embedded_defaults,
+    gpu_found,
+    gpu_only_strategy,
+    has_accelerator,
+    machine_cluster,
+)
 from recipes.envvars import RAY_JOB, getenv
 from recipes.errors import ConfigError, exit_with, report
 from recipes.finalize import finalize
@@ -99,6 +107,13 @@ def run_recipe(recipe: str, argv: list[str] | None = None) -> None:
     # the recipe's own strategy matters only without a GPU (a copy made with strategy=megatron plans for GPUs)
     recipe_strategy = None if accelerator else recipe_defaults(recipe).get("strategy")
     added = embedded_defaults(argv, accelerator, recipe_strategy)
+    if accelerator:
+        try:
+            machine_added, machine_notes = machine_cluster(argv, gpu_found())
+        except ConfigError as error:
+            exit_with(error)
+        added += machine_added
+        notices += machine_notes
     gpu_only = gpu_only_strategy(argv, recipe_strategy)
     if added:
         notices.append(f"no GPU found: embedded CPU defaults {' '.join(added)} "

@@ -1,0 +1,65 @@
+"""On a GPU machine the cluster preset follows the GPU found (issue 49, 4): a command line that names none plans for
+the card it runs on, and one that names a card with more memory than this machine's is refused before anything
+starts when it trains here. This CPU machine has no GPU, so the probe (``recipes.launch.gpu_found``) is replaced by
+the names and sizes torch reports on the two cards the pack's GPU runs used (scripts/gpu/results/*/env.txt:
+``NVIDIA H100 80GB HBM3`` with 81,559 MiB, ``NVIDIA H200`` with 143,771 MiB)."""
+
+from __future__ import annotations
+
+import pytest
+
+from recipes import launch
+from recipes.defaults import cluster_presets, preset_for
+from recipes.launch import run_recipe
+
+H100 = ("NVIDIA H100 80GB HBM3", 81_559 / 1024)
+H200 = ("NVIDIA H200", 143_771 / 1024)
+
+
+@pytest.mark.parametrize(("name", "gib", "option"), [
+    (*H100, "h100_80g"), (*H200, "h200_141g"), ("NVIDIA A100-SXM4-80GB", 79.2, "a100_80g"),
+    ("NVIDIA A100-SXM4-40GB", 39.4, None),  # the family has no 40 GB preset
+    ("NVIDIA L40S", 44.4, None),
+])
+def test_each_card_finds_its_preset(name, gib, option):
+    assert preset_for(name, gib, cluster_presets()) == option
+
+
+@pytest.fixture
+def on_gpu(monkeypatch, tmp_path):
+    """This process as if on a machine with ``card``; returns a setter."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(launch, "has_accelerator", lambda: True)
+
+    def use(card):
+        monkeypatch.setattr(launch, "gpu_found", lambda: card)
+
+    return use
+
+
+@pytest.mark.slow  # a validation with the recipe's GPU defaults (5 s)
+def test_a_run_that_names_no_cluster_plans_for_the_card_it_finds(on_gpu, capsys):
+    on_gpu(H200)
+    run_recipe("grpo", ["action=validate"])
+    out, err = capsys.readouterr()
+    assert "GPU found: NVIDIA H200 (140.4 GiB): cluster=h200_141g" in err
+    assert " h200_141g, " in out.splitlines()[0] and "assumed" not in out
+
+
+def test_training_on_a_smaller_card_than_the_named_cluster_is_refused(on_gpu, capsys, tmp_path):
+    on_gpu(H100)
+    with pytest.raises(SystemExit) as exit_:
+        run_recipe("grpo", ["cluster=h200_141g", "trainer.total_training_steps=1"])
+    assert exit_.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.strip().splitlines() == [
+        "config error: cluster=h200_141g: plans for 141 GiB per GPU > this machine's NVIDIA H100 80GB HBM3 with "
+        "79.6 GiB; train here with cluster=h100_80g (or launcher=ray for the cluster it names)"]
+    assert list(tmp_path.iterdir()) == []  # nothing started, nothing written
+
+
+def test_validating_for_another_cluster_on_a_gpu_machine_is_allowed(on_gpu, capsys):
+    on_gpu(H100)
+    run_recipe("grpo", ["cluster=h200_141g", "action=validate"])
+    assert " h200_141g, " in capsys.readouterr().out.splitlines()[0]
