@@ -119,7 +119,7 @@ VERL_EXAMPLE=(
 if [ -n "${CHECK:-}" ]; then
   case $ARM in
     verl) cd "$WORK" && exec "$PY" -m verl.trainer.main_ppo "${VERL_EXAMPLE[@]}" "${WORKLOAD[@]}" --cfg job ;;
-    port) exec "$PY" -m recipes.grpo "${VERL_EXAMPLE[@]}" "${WORKLOAD[@]}" action=validate hydra.run.dir="$WORK/check/$ARM" ;;
+    port) exec "$PY" -m recipes.grpo "${VERL_EXAMPLE[@]}" "${WORKLOAD[@]}" cluster=$CLUSTER action=validate hydra.run.dir="$WORK/check/$ARM" ;;
     *) exec "$PY" -m recipes.grpo cluster=$CLUSTER cluster.gpus_per_node=1 parallel=tp1 rollout=vllm model=$MODEL \
          kl=fixed "${WORKLOAD[@]}" action=validate hydra.run.dir="$WORK/check/$ARM" ;;
   esac
@@ -135,7 +135,8 @@ case $ARM in
     cwd=$run_dir
     export PYTHONPATH=$WORK/vllm_site:$WORK/site_plain VERL_FILE_LOGGER_PATH=$run_dir/metrics.jsonl ;;
   port)
-    cmd=("$PY" -m recipes.grpo "${VERL_EXAMPLE[@]}" "${WORKLOAD[@]}" hydra.run.dir="$run_dir")
+    # the GPU's preset: without it the pack assumes h100_80g, and on an H200 refuses the example's micro-batch of 40
+    cmd=("$PY" -m recipes.grpo "${VERL_EXAMPLE[@]}" "${WORKLOAD[@]}" cluster=$CLUSTER hydra.run.dir="$run_dir")
     cwd=$REPO; export PYTHONPATH=$REPO:$SITES ;;
   pack|pack7b)
     cmd=("$PY" -m recipes.grpo cluster=$CLUSTER cluster.gpus_per_node=1 parallel=tp1 rollout=vllm model=$MODEL kl=fixed

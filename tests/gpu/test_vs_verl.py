@@ -123,3 +123,8 @@ def test_each_arm_composes_as_the_gpu_machine_runs_it(tmp_path):
     # the engine's share sized to the step on an H200: 160 sequences of 1,024 tokens, weights and working memory
     resolved = (tmp_path / "work" / "check" / "pack" / "resolved_config.yaml").read_text()
     assert "gpu_memory_utilization: 0.09" in resolved
+    # the port on an H200: verl's micro-batch of 40 fits the H200's plan (the h100_80g the pack assumed without
+    # cluster= refused it: 101.53 GiB > 80, scripts/gpu/results/2026-12-06-h200-vs-verl/port-refused-run.log)
+    port = _check("port", "NVIDIA H200", tmp_path)
+    assert port.returncode == 0, port.stderr[-2000:]
+    assert "x1 replicas on 1x1 h200_141g, model qwen2_5_1_5b" in port.stdout + port.stderr
