@@ -259,22 +259,6 @@ class HybridGroups:
             for mu in range(self.d_g)
         ]
 
-    def gen_tp_group(self, rank: int) -> list[int]:
-        """Members ordered by generation TP rank tau."""
-        if not self.hybridflow:
-            first = rank - rank % self.t_g
-            return list(range(first, first + self.t_g))
-        data, stage, tp, _ = self.train_coords(rank)
-        return [int(self.rank_of(data, stage, tau * self.k_t + tp % self.k_t)) for tau in range(self.t_g)]
-
-    def gen_pp_group(self, rank: int) -> list[int]:
-        """Members ordered by generation PP rank pi."""
-        if not self.hybridflow:
-            first = rank - rank % (self.t_g * self.p_g) + rank % self.t_g
-            return [first + pi * self.t_g for pi in range(self.p_g)]
-        data, stage, tp, _ = self.train_coords(rank)
-        return [int(self.rank_of(data, pi * self.k_p + stage % self.k_p, tp)) for pi in range(self.p_g)]
-
     def expert_gather_group(self, rank: int) -> list[int]:
         """Ranks that all-gather experts after the micro-DP gather when infer.ep < train.ep (else just ``rank``)."""
         if self.k_e == 1 or not self.hybridflow:

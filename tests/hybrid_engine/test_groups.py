@@ -33,6 +33,12 @@ def _engine_of(g, rank):
     return [int(r) for r in (engines == engines[rank]).nonzero()[0]]
 
 
+def _group_of(g, kind, rank):
+    """``rank``'s group of ``kind`` as the planner reads it (the group matrix), members in generation rank order."""
+    (row,) = [row for row in g._group_matrix(kind).tolist() if rank in row]
+    return row
+
+
 def test_paper_vector_t8_p4_to_t4():
     g = _groups(8, 4, 1, 4, 1)
     assert g.groups("micro_dp") == [
@@ -42,7 +48,7 @@ def test_paper_vector_t8_p4_to_t4():
         [6, 7, 14, 15, 22, 23, 30, 31],
     ]
     assert (g.k_t, g.k_p, g.d_g) == (2, 4, 8)
-    assert g.gen_tp_group(9) == [9, 11, 13, 15]
+    assert _group_of(g, "gen_tp", 9) == [9, 11, 13, 15]
     info = g.rank_info(9)  # rank 9 = 8*p_i + t_i with p_i = 1, t_i = 1
     assert (info.stage, info.tp, info.gen_tp, info.gen_pp, info.micro_dp) == (1, 1, 0, 0, 3)
     assert info.generation_shard == tuple((s, k) for s in range(4) for k in (0, 1))
@@ -59,7 +65,7 @@ def test_paper_vector_t4_to_t2_on_4_ranks():
 def test_pipeline_merge_groups():
     g = _groups(2, 4, 1, 2, 2)  # k_p = 2: stages {0,1} and {2,3} merge
     assert g.groups("micro_dp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
-    assert g.gen_pp_group(0) == [0, 4]
+    assert _group_of(g, "gen_pp", 0) == [0, 4]
     assert _engine_of(g, 0) == [0, 1, 4, 5]
 
 
@@ -126,8 +132,8 @@ def test_groups_partition_and_shards_nest(layout):
         members = g.micro_dp_group(rank)
         assert sorted((infos[m].stage, infos[m].tp) for m in members) == sorted(info.generation_shard)
         assert members[info.micro_dp] == rank
-        assert g.gen_tp_group(rank)[info.gen_tp] == rank
-        assert g.gen_pp_group(rank)[info.gen_pp] == rank
+        assert _group_of(g, "gen_tp", rank)[info.gen_tp] == rank
+        assert _group_of(g, "gen_pp", rank)[info.gen_pp] == rank
         assert arrays["gen_tp"][rank] == info.gen_tp and arrays["micro_dp"][rank] == info.micro_dp
     # a generation TP group shares micro-DP rank, stage and data index, and covers every generation TP rank once
     for grp in g.groups("gen_tp"):
@@ -154,7 +160,7 @@ def test_diff_tp_gets_verl_placement_only_when_asked():
     assert g.placement == "verl" and not g.hybridflow
     assert (g.k_t, g.k_p, g.d_g, g.num_micro_dp_groups, g.num_engines) == (0, 0, 0, 0, 2)
     assert g.groups("gen_tp") == [[0, 1, 2, 3], [4, 5, 6, 7]] and g.groups("micro_dp") == []
-    assert g.gen_tp_group(6) == [4, 5, 6, 7] and _engine_of(g, 6) == [4, 5, 6, 7]
+    assert _group_of(g, "gen_tp", 6) == [4, 5, 6, 7] and _engine_of(g, 6) == [4, 5, 6, 7]
     a = g.arrays
     assert a["gen_tp"].tolist() == [0, 1, 2, 3, 0, 1, 2, 3] and a["engine"].tolist() == [0] * 4 + [1] * 4
     # Megatron order tp-cp-ep-dp-pp: ranks 0-3 are stage 0 (tp 0, 1 of dp 0 and 1), ranks 4-7 stage 1
@@ -169,7 +175,7 @@ def test_diff_tp_gets_verl_placement_only_when_asked():
 def test_verl_placement_with_generation_pipeline():
     g = hybrid_groups(TrainLayout(tp=2, pp=2).resolve(8), InferLayout(tp=2, pp=4).resolve(8), placement="auto")
     assert g.placement == "verl"  # infer.pp(4) does not divide train.pp(2)
-    assert g.gen_pp_group(3) == [1, 3, 5, 7] and g.groups("gen_pp") == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert _group_of(g, "gen_pp", 3) == [1, 3, 5, 7] and g.groups("gen_pp") == [[0, 2, 4, 6], [1, 3, 5, 7]]
     assert _engine_of(g, 5) == list(range(8))
 
 

@@ -14,7 +14,7 @@ import pytest
 from hybrid_engine.groups import HybridGroups
 from hybrid_engine.plan import bytes as plan_bytes
 
-PER_RANK = ("rank_info", "train_coords", "micro_dp_group", "gen_tp_group", "gen_pp_group", "expert_gather_group")
+PER_RANK = ("rank_info", "train_coords", "micro_dp_group", "expert_gather_group")
 """HybridGroups methods that answer for one rank: called once per rank, they would make a plan O(world)."""
 
 
