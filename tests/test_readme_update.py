@@ -39,3 +39,16 @@ def test_compare_mode_under_ci_still_compares(sample, monkeypatch):
     readme.check_block(START, END, ["$ cmd"], ["old line"])
     with pytest.raises(AssertionError, match="differs from what the command prints"):
         readme.check_block(START, END, ["$ cmd"], ["new line"])
+
+
+def test_a_docs_page_block_is_compared_and_rewritten_the_same_way(tmp_path, monkeypatch):
+    (tmp_path / "page.md").write_text(TEXT)
+    monkeypatch.setattr(readme, "DOCS", tmp_path)
+    monkeypatch.delenv("KLPPO_UPDATE_README", raising=False)
+    readme.check_block(START, END, ["$ cmd"], ["old line"], page="page.md")
+    with pytest.raises(AssertionError, match="page.md's block .* differs from what the command prints"):
+        readme.check_block(START, END, ["$ cmd"], ["new line"], page="page.md")
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.setenv("KLPPO_UPDATE_README", "1")
+    readme.check_block(START, END, ["$ cmd"], ["new line"], page="page.md")
+    assert (tmp_path / "page.md").read_text() == TEXT.replace("old line", "new line")
