@@ -28,6 +28,8 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from reshard_harness import SMALL_SHAPES, run_world, small_spec  # noqa: E402
+
 from hybrid_engine.groups import HybridGroups, hybrid_groups  # noqa: E402
 from hybrid_engine.layout import InferLayout, TrainLayout  # noqa: E402
 from hybrid_engine.reshard import (  # noqa: E402
@@ -38,7 +40,6 @@ from hybrid_engine.reshard import (  # noqa: E402
     synthetic_tensor,
 )
 from hybrid_engine.reshard.checksum import checksums, tensor_checksum, wrap  # noqa: E402
-from hybrid_engine.reshard.harness import SMALL_SHAPES, run_world, small_spec  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
 MB = 1 << 20

@@ -1,6 +1,7 @@
 """Run a function on N real processes with torch.distributed (gloo on CPU, NCCL on GPUs) and collect what each returns.
 
-Used by ``scripts/bench_reshard.py`` and the multi-process tests. ``fn(rank, world, *args)`` must be importable at top
+Used by ``scripts/bench_reshard.py``, ``scripts/gpu/bench_handoff.py`` and the multi-process tests (a benchmark and test
+harness, kept out of the library). ``fn(rank, world, *args)`` must be importable at top
 level (it is pickled by name); its return value must pickle. The processes meet through a file in a temporary folder
 (no port to pick), and share the machine's cores (``torch.set_num_threads``).
 

@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: the reshard harness
 
 from _common import (  # noqa: E402
     GIB,
@@ -54,12 +55,12 @@ from _common import (  # noqa: E402
     sync,
     write_json,
 )
+from reshard_harness import SMALL_SHAPES, small_spec  # noqa: E402
 
 from hybrid_engine.groups import hybrid_groups  # noqa: E402
 from hybrid_engine.layout import InferLayout, TrainLayout  # noqa: E402
 from hybrid_engine.model_spec import MODEL_CONFIG_DIR  # noqa: E402
 from hybrid_engine.reshard import Resharder, megatron_shards  # noqa: E402
-from hybrid_engine.reshard.harness import SMALL_SHAPES, small_spec  # noqa: E402
 from hybrid_engine.reshard.shards import full_box, narrow_box, unique_tensors  # noqa: E402
 
 SCHEMES = (

@@ -9,10 +9,10 @@ import re
 
 import pytest
 import torch
+from reshard_harness import run_world, small_spec
 
 from hybrid_engine.reshard import Scheme, megatron_shards, simulate, synthetic_source
 from hybrid_engine.reshard.checksum import tensor_checksum, wrap
-from hybrid_engine.reshard.harness import run_world, small_spec
 from hybrid_engine.reshard.megatron import (
     MegatronRank,
     megatron_checksums,

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from reshard_harness import run_world, small_spec
 
 from hybrid_engine.groups import hybrid_groups
 from hybrid_engine.layout import InferLayout, TrainLayout
 from hybrid_engine.reshard import ModeSwitch, Resharder, RngState, megatron_shards, synthetic_source, synthetic_tensor
-from hybrid_engine.reshard.harness import run_world, small_spec
 
 
 def _draw() -> tuple:

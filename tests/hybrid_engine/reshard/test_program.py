@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from reshard_harness import run_world, small_spec
 
 from hybrid_engine.groups import hybrid_groups
 from hybrid_engine.layout import InferLayout, TrainLayout
 from hybrid_engine.model_spec import arch_from_config, build_spec
 from hybrid_engine.reshard import Resharder, Scheme, fsdp_shards, make_buckets, megatron_shards, synthetic_source
-from hybrid_engine.reshard.harness import run_world, small_spec
 from hybrid_engine.reshard.packing import allocate_outputs
 from hybrid_engine.reshard.program import compile_bucket
 from hybrid_engine.reshard.shards import LocalShards, synthetic_tensor, unique_tensors
@@ -217,8 +217,9 @@ def test_stream_and_load_into_are_bit_exact_switch_after_switch(world, model, t,
 
 
 def _feeder_syncs(rank: int, world: int, syncs: int) -> dict:
+    from reshard_harness import fully_sharded_tiny_model
+
     from hybrid_engine.reshard import executor, rollout_weight_stream
-    from hybrid_engine.reshard.harness import fully_sharded_tiny_model
 
     _, model, full = fully_sharded_tiny_model(world, SEED)
     config = model.config.to_dict()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from reshard_harness import fully_sharded_tiny_model, run_world, small_spec
 
 from hybrid_engine.groups import hybrid_groups
 from hybrid_engine.layout import InferLayout, TrainLayout
@@ -29,7 +30,6 @@ from hybrid_engine.reshard import (
     synthetic_source,
     synthetic_tensor,
 )
-from hybrid_engine.reshard.harness import fully_sharded_tiny_model, run_world, small_spec
 from hybrid_engine.reshard.shards import fsdp_box, full_box, narrow_box, unique_tensors
 
 SEED = 11

@@ -6,6 +6,7 @@ from fractions import Fraction
 
 import pytest
 import torch
+from reshard_harness import small_spec
 
 from hybrid_engine.groups import hybrid_groups
 from hybrid_engine.layout import InferLayout, TrainLayout
@@ -13,7 +14,6 @@ from hybrid_engine.model_spec import ModelSpec, arch_from_config, build_spec
 from hybrid_engine.plan.bytes import compute_bytes, received_by_tensor, stage_placement
 from hybrid_engine.plan.settings import ClusterSpec
 from hybrid_engine.reshard import Scheme, fsdp_shards, make_buckets, megatron_shards, simulate, synthetic_source
-from hybrid_engine.reshard.harness import small_spec
 from hybrid_engine.reshard.shards import box_shape, full_box, narrow_box, synthetic_tensor
 
 SEED = 5

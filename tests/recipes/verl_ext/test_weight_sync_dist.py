@@ -26,9 +26,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
+from reshard_harness import fully_sharded_tiny_model, run_world
 
 from hybrid_engine.reshard.checksum import checksums
-from hybrid_engine.reshard.harness import fully_sharded_tiny_model, run_world
 from recipes.verl_ext.plugin.packed_weights import unpack
 from recipes.verl_ext.plugin.weight_sync import SYNC_LOG_ENV, SyncCheckFailed, read_sync_log
 
