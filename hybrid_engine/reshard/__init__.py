@@ -14,7 +14,6 @@
   the feeders (verl's Megatron engine).
 - ``stats``: bytes, times and memory as measured, and the planner's numbers beside them.
 - ``simulation``: ``simulate`` runs a scheme for every rank in one process, the collectives replaced by copies.
-- ``mode_switch``: ``ModeSwitch.generation(...)``, the training <-> generation context manager (RNG states, weights).
 
 Nothing here runs at import time; torch is imported, transformers is not.
 """
@@ -35,7 +34,6 @@ from hybrid_engine.reshard.megatron import (
     megatron_shards_from_state_dict,
     megatron_stream_to_feeders,
 )
-from hybrid_engine.reshard.mode_switch import GenerationContext, ModeSwitch, RngState
 from hybrid_engine.reshard.shards import (
     LocalShards,
     fsdp_shards,
@@ -51,15 +49,12 @@ from hybrid_engine.reshard.stats import PlannedBytes, ReshardStats, planned_byte
 __all__ = [
     "DEFAULT_BUCKET_BYTES",
     "SCHEME_NAMES",
-    "GenerationContext",
     "LocalShards",
     "MegatronRank",
     "MegatronShardedWeights",
-    "ModeSwitch",
     "PlannedBytes",
     "ReshardStats",
     "Resharder",
-    "RngState",
     "ShardedWeights",
     "Scheme",
     "fsdp_shards",

@@ -80,12 +80,19 @@ def stop_after_step_3(workdir: Path, recipe: str, *overrides: str, stop: Callabl
     return Stopped(launch.stdout, launch.stderr, folders[-1].parent, [r["data"] for r in rows], code=launch.code)
 
 
+PROCESSES: dict[str, set[int]] = {}
+"""The unsynced run's process ids at step 3: ``train`` (verl's actor workers), ``generate`` (the rollout server)."""
+
+
 @pytest.fixture(scope="module")
 def unsynced(tmp_path_factory) -> Stopped:
-    # weight sync off; verl's Ray worker (the actor, ray::WorkerDict) SIGKILLed after step 3
+    # weight sync off; verl's Ray worker (the actor, ray::WorkerDict) SIGKILLed after step 3; before that, the
+    # processes that train and the one that generates (the hf server, ray::HFServer) are recorded
     def kill_workers(proc: subprocess.Popen) -> None:
         workers = ray_workers(proc.pid, "ray::WorkerDict")
         assert workers, "no Ray worker of this run found"
+        PROCESSES["train"] = {worker.pid for worker in workers}
+        PROCESSES["generate"] = {server.pid for server in ray_workers(proc.pid, "ray::HFServer")}
         for worker in workers:
             worker.send_signal(signal.SIGKILL)
 
@@ -115,6 +122,14 @@ def test_kl_ppo_trains_the_critic_with_kl_in_the_reward(unsynced):
     assert 3 <= len(step_lines) <= steps, step_lines  # a step logged while the run stopped may go unprinted
     for line, kl, applied in zip(step_lines, penalty[:len(step_lines)], coef[:len(step_lines)], strict=True):
         assert f"kl {kl:.4f} (coef {applied:.4g})" in line, (line, kl, applied)
+
+
+def test_generation_never_runs_in_a_training_process(unsynced):
+    """verl 0.9.1 samples in its rollout servers (the pack's hf server here, vLLM's server and engine core on a GPU),
+    never in the actor's process: generation cannot move the trainer's RNG, so the actor needs no RNG swap around it
+    (the source article's switch; the pack's ModeSwitch did it, on no path a run takes, and was removed)."""
+    assert PROCESSES["train"] and PROCESSES["generate"]
+    assert not PROCESSES["train"] & PROCESSES["generate"]
 
 
 def test_without_weight_sync_the_gap_grows(unsynced):
