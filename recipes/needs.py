@@ -1,8 +1,9 @@
 """What a training run needs from the machine it starts on, checked in the driver before Ray starts.
 
 - The packages of the engines it names: vLLM or SGLang for ``rollout=vllm|sglang``, megatron-core and mbridge for
-  ``strategy=megatron``. ``action=validate`` and ``action=plan`` need none of them (a run is checked and planned for
-  a cluster from any machine): there a missing one is a note; ``action=train`` stops on it.
+  ``strategy=megatron``; SGLang also at a release verl 0.9.1 can drive (:data:`SGLANG_DRIVEN`). ``action=validate``
+  and ``action=plan`` need none of them (a run is checked and planned for a cluster from any machine): there a
+  missing one, or one at another release, is a note; ``action=train`` stops on it.
 - GPUs for a GPU layout: without a Ray cluster to join (``ray_kwargs.ray_init.address``, ``RAY_ADDRESS``, or one
   started here with ``ray start --head``), verl's workers would wait for GPUs this machine does not have, forever.
 - The data and the checkpoint folder: ``data.train_files`` and ``data.val_files`` as local files (a remote URL,
@@ -14,12 +15,39 @@ Each finding is one line naming the key and the install command or the arithmeti
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+
+# SGLang for verl 0.9.1. verl's own `verl[sglang]` pins sglang==0.5.12, which pins transformers==5.6.0: the one
+# release verl 0.9.1 excludes (transformers>=5.5.3,<5.11,!=5.6.0), so that extra does not resolve
+# (scripts/gpu/results/2026-12-03-sglang/). SGLang runs inside verl's rollout workers, in the process that imports
+# verl's transformers, so a release verl 0.9.1 can drive is one whose transformers pin verl accepts. verl 0.9.1's
+# rollout code (verl/workers/rollout/sglang_rollout/) starts >=0.5.10 through Engine._launch_subprocesses and knows
+# the 0.5.12 FA3 default and the 0.5.16 move of LocalSerializedTensor: its code spans these releases; the pins decide.
+SGLANG_TRANSFORMERS = {
+    "0.5.12": "5.6.0",  # uv's resolution of verl[sglang]==0.9.1 (scripts/gpu/results/2026-12-03-sglang/README.md)
+    "0.5.12.post1": "5.6.0",  # NVIDIA-NeMo/RL#3344's table of what moves from 0.5.12.post1 to 0.5.13.post1
+    "0.5.13": "5.8.1",  # sgl-project/sglang#25451 (5.6.0 -> 5.8.1, merged 2026-05-19, before 0.5.13 of 2026-06-11)
+    "0.5.13.post1": "5.8.1",  # NVIDIA-NeMo/RL#3344
+    "0.5.14": "5.8.1",  # sglang#29393 (5.8.1 -> 5.12.1) was opened the day 0.5.14 was published, merged after it
+    "0.5.15": "5.12.1",  # sglang#29393, merged before 0.5.15 (2026-07-10)
+    "0.5.23": "5.19.0",  # PyPI's JSON for sglang (its newest release, 2026-10-30)
+}
+"""The ``transformers==`` pin of each SGLang release read so far, with where it was read (PyPI's per-release
+metadata is not reachable from the CPU machine; tests/recipes/test_sglang_extra.py holds the releases below against
+verl's installed requirements)."""
+SGLANG_DRIVEN = ">=0.5.13,<0.5.15"
+"""The SGLang releases verl 0.9.1 can drive: those whose transformers pin verl 0.9.1's requirement accepts."""
+SGLANG_PIN = "0.5.13.post1"
+"""The release the pack's ``[sglang]`` extra pins (pyproject.toml), with transformers==5.8.1 beside it."""
 
 
 @dataclass(frozen=True)
@@ -29,12 +57,19 @@ class Need:
     modules: tuple[str, ...]
     what: str
     extra: str
+    package: str = ""
+    """the distribution whose installed version is checked against ``versions`` (empty: none is)"""
+    versions: str = ""
+    """the releases verl 0.9.1 drives, a PEP 440 specifier"""
+    why: str = ""
+    """why a release outside ``versions`` cannot be driven"""
 
 
 NEEDS = (
     Need("actor_rollout_ref.rollout.name", "vllm", ("vllm",), "vLLM (vllm==0.24.0, as verl 0.9.1 pins it)", "vllm"),
-    Need("actor_rollout_ref.rollout.name", "sglang", ("sglang",), "SGLang (sglang==0.5.12, as verl 0.9.1 pins it)",
-         "sglang"),
+    Need("actor_rollout_ref.rollout.name", "sglang", ("sglang",),
+         f"SGLang (sglang=={SGLANG_PIN}, the extra's pin; verl 0.9.1 drives sglang{SGLANG_DRIVEN})", "sglang",
+         package="sglang", versions=SGLANG_DRIVEN, why="verl 0.9.1 takes transformers>=5.5.3,<5.11,!=5.6.0"),
     Need("strategy.name", "megatron", ("megatron.core", "mbridge"), "megatron-core and mbridge", "megatron"),
 )
 
@@ -47,17 +82,48 @@ def importable(module: str) -> bool:
         return False
 
 
+def installed_version(package: str) -> str | None:
+    """The version of the installed distribution ``package`` (its metadata; nothing is imported), or None."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def wrong_release(need: Need) -> str | None:
+    """The installed release of ``need.package`` when it is outside ``need.versions``; None when it is inside, or
+    when no version can be read (a source checkout without metadata: not refused on a guess)."""
+    if not need.package or not need.versions:
+        return None
+    found = installed_version(need.package)
+    if found is None:
+        return None
+    try:
+        inside = SpecifierSet(need.versions).contains(Version(found), prereleases=True)
+    except InvalidVersion:
+        inside = False
+    return None if inside else found
+
+
 def missing_packages(cfg: DictConfig) -> list[str]:
-    """One line per engine the config names whose package is not importable here."""
+    """One line per engine the config names whose package is not importable here, or is installed at a release
+    verl 0.9.1 cannot drive."""
     lines = []
     for need in NEEDS:
         if str(OmegaConf.select(cfg, need.key, default="")) != need.value:
             continue
+        install = f"pip install 'klppo-recipes[{need.extra}]' (in a checkout: pip install -e '.[{need.extra}]')"
         absent = [module for module in need.modules if not importable(module)]
         if absent:
             lines.append(f"{need.key}={need.value}: training needs {need.what}; not importable here "
-                         f"({', '.join(absent)}): pip install 'klppo-recipes[{need.extra}]' "
-                         f"(in a checkout: pip install -e '.[{need.extra}]')")
+                         f"({', '.join(absent)}): {install}")
+            continue
+        found = wrong_release(need)
+        if found:
+            pinned = SGLANG_TRANSFORMERS.get(found) if need.package == "sglang" else None
+            reason = f"{found} pins transformers=={pinned}; " if pinned else ""
+            lines.append(f"{need.key}={need.value}: {need.package} {found} is installed here; verl 0.9.1 drives "
+                         f"{need.package}{need.versions} ({reason}{need.why}): {install}")
     return lines
 
 

@@ -106,8 +106,9 @@ def test_missing_packages_names_only_the_engines_the_config_uses(monkeypatch):
     monkeypatch.setattr(needs, "importable", lambda module: module != "sglang")
     cfg = OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "sglang"}}, "strategy": {"name": "megatron"}})
     assert missing_packages(cfg) == [
-        "actor_rollout_ref.rollout.name=sglang: training needs SGLang (sglang==0.5.12, as verl 0.9.1 pins it); not "
-        "importable here (sglang): pip install 'klppo-recipes[sglang]' (in a checkout: pip install -e '.[sglang]')"]
+        "actor_rollout_ref.rollout.name=sglang: training needs SGLang (sglang==0.5.13.post1, the extra's pin; verl "
+        "0.9.1 drives sglang>=0.5.13,<0.5.15); not importable here (sglang): pip install 'klppo-recipes[sglang]' (in a "
+        "checkout: pip install -e '.[sglang]')"]
     assert importable("os.path") and not importable("no_such_package_here.sub")
 
 
@@ -147,3 +148,67 @@ def test_remote_data_is_the_clusters(tmp_path):
     assert missing_data(cfg) == [f"data.train_files: {tmp_path}/x.parquet is not a file on this machine (verl's "
                                  "RLHFDataset reads it when the trainer starts); make it with the task's "
                                  "preprocessing script, or name another"]
+
+
+def _sglang_at(root, version: str) -> str:
+    """An importable ``sglang`` package with an installed distribution's metadata at ``version``: what the check reads
+    (find_spec and importlib.metadata), nothing it would import. Returns PYTHONPATH with it first."""
+    (root / "sglang").mkdir(parents=True)
+    (root / "sglang" / "__init__.py").write_text(f'__version__ = "{version}"\n')
+    info = root / f"sglang-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n")
+    return os.pathsep.join([str(root), checkout_env()["PYTHONPATH"]])
+
+
+SGLANG_INSTALL = "pip install 'klppo-recipes[sglang]' (in a checkout: pip install -e '.[sglang]')"
+
+
+@pytest.mark.skipif(importable("sglang"), reason="SGLang is installed here")
+def test_rollout_sglang_without_sglang_stops_train_and_is_a_note_at_validate(tmp_path, recipe_cli, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    line = ("actor_rollout_ref.rollout.name=sglang: training needs SGLang (sglang==0.5.13.post1, the extra's pin; "
+            f"verl 0.9.1 drives sglang>=0.5.13,<0.5.15); not importable here (sglang): {SGLANG_INSTALL}")
+    work = tmp_path / "work"
+    work.mkdir()
+    train = recipe_cli("grpo", "rollout=sglang", "parallel=tp1", "model=tiny", "task=tiny", cwd=work, timeout=120,
+                       env={"RAY_TMPDIR": str(tmp_path / "no_ray")})
+    assert train.returncode == 2, train.stderr[-2000:]
+    assert f"  - {line}\n" in train.stderr and "Traceback" not in train.stderr
+    assert list(work.iterdir()) == [] and not (tmp_path / "no_ray").exists()  # no run folder, Ray not started
+    checked = recipe_cli("grpo", "rollout=sglang", "parallel=tp1", "model=tiny", "task=tiny", "action=validate",
+                         cwd=work, timeout=120)
+    assert checked.returncode == 0, checked.stderr[-2000:]
+    assert checked.stdout.startswith("config OK: fsdp2 train dp8 tp1")
+    assert f"note: {line}\n" in checked.stderr
+
+
+def test_sglang_at_a_release_verl_cannot_drive_stops_train_with_the_release_found(tmp_path, recipe_cli, monkeypatch):
+    """sglang 0.5.12 (verl 0.9.1's own pin, whose transformers==5.6.0 verl excludes) is refused before Ray: one line
+    with the package, the release found and the install command; validate passes with it as a note."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    site = _sglang_at(tmp_path / "site", "0.5.12")
+    line = ("actor_rollout_ref.rollout.name=sglang: sglang 0.5.12 is installed here; verl 0.9.1 drives "
+            "sglang>=0.5.13,<0.5.15 (0.5.12 pins transformers==5.6.0; verl 0.9.1 takes "
+            f"transformers>=5.5.3,<5.11,!=5.6.0): {SGLANG_INSTALL}")
+    work = tmp_path / "work"
+    work.mkdir()
+    train = recipe_cli("grpo", "rollout=sglang", "parallel=tp1", "model=tiny", "task=tiny", cwd=work, timeout=120,
+                       env={"PYTHONPATH": site, "RAY_TMPDIR": str(tmp_path / "no_ray")})
+    assert train.returncode == 2, train.stderr[-2000:]
+    assert f"  - {line}\n" in train.stderr and "Traceback" not in train.stderr
+    assert "training:" not in train.stdout
+    assert list(work.iterdir()) == [] and not (tmp_path / "no_ray").exists()
+    checked = recipe_cli("grpo", "rollout=sglang", "parallel=tp1", "model=tiny", "task=tiny", "action=validate",
+                         cwd=work, timeout=120, env={"PYTHONPATH": site})
+    assert checked.returncode == 0, checked.stderr[-2000:]
+    assert f"note: {line}\n" in checked.stderr
+
+
+def test_sglang_at_the_extras_release_passes_the_check(tmp_path, recipe_cli):
+    site = _sglang_at(tmp_path / "site", "0.5.13.post1")
+    checked = recipe_cli("grpo", "rollout=sglang", "parallel=tp1", "model=tiny", "task=tiny", "action=validate",
+                         cwd=tmp_path, timeout=120, env={"PYTHONPATH": site})
+    assert checked.returncode == 0, checked.stderr[-2000:]
+    assert checked.stdout.startswith("config OK: fsdp2 train dp8 tp1")
+    assert "actor_rollout_ref.rollout.name=sglang" not in checked.stderr  # neither missing nor a wrong release
