@@ -4,6 +4,7 @@
 #   bash scripts/gpu/vs_verl.sh prep OUTDIR     # start building the models and the data (in the background, setsid)
 #   bash scripts/gpu/vs_verl.sh verl OUTDIR     # a. verl 0.9.1's own main_ppo, its Qwen2-7B GRPO example's overrides
 #   bash scripts/gpu/vs_verl.sh port OUTDIR     # b. the same overrides pasted into python -m recipes.grpo
+#   bash scripts/gpu/vs_verl.sh portverl OUTDIR # b with the overrides its note prints to restore verl's values
 #   bash scripts/gpu/vs_verl.sh pack OUTDIR     # c. python -m recipes.grpo with the pack's defaults for model and GPU
 #   bash scripts/gpu/vs_verl.sh pack7b OUTDIR   # c on the Qwen2.5-7B shape (the source article's model class)
 #   python scripts/gpu/vs_verl_summary.py OUTDIR --json summary.json   # the table, after the arms
@@ -27,7 +28,7 @@
 # (scripts/gpu/e2e_figures.py plus the start-up times and peak memory) and raw.tar.gz (metrics.jsonl, verl.log, the
 # resolved config).
 set -u -o pipefail
-ARM=${1:?usage: vs_verl.sh prep|verl|port|pack|pack7b OUTDIR}
+ARM=${1:?usage: vs_verl.sh prep|verl|port|portverl|pack|pack7b OUTDIR}
 OUTDIR=$(mkdir -p "${2:-runs/vs_verl}" && cd "${2:-runs/vs_verl}" && pwd)
 cd "$(dirname "$0")/../.."
 REPO=$PWD
@@ -73,9 +74,9 @@ if [ "$ARM" = prep ]; then
 fi
 
 case $ARM in
-  verl|port|pack) MODEL=qwen2_5_1_5b ;;
+  verl|port|portverl|pack) MODEL=qwen2_5_1_5b ;;
   pack7b) MODEL=qwen2_5_7b ;;
-  *) echo "vs_verl: unknown arm '$ARM' (verl, port, pack, pack7b, prep)"; exit 2 ;;
+  *) echo "vs_verl: unknown arm '$ARM' (verl, port, portverl, pack, pack7b, prep)"; exit 2 ;;
 esac
 # CHECK: the shipped architecture stands in for the random-weight folder (validation reads its config.json)
 # (the data files stay absent: validation notes a path that is not on this machine)
@@ -116,10 +117,16 @@ VERL_EXAMPLE=(
   trainer.save_freq=20 trainer.total_epochs=15
 )
 
+# portverl: the port plus the overrides its start-up note prints to restore verl's values of the keys the example leaves
+# unset (the checkpoint folder aside, which no step uses): verl's run through the pack's launcher and plugin
+VERL_VALUES=(strategy=fsdp actor_rollout_ref.rollout.cudagraph_capture_sizes=null trainer.v1.trainer_mode=sync)
+
 if [ -n "${CHECK:-}" ]; then
   case $ARM in
     verl) cd "$WORK" && exec "$PY" -m verl.trainer.main_ppo "${VERL_EXAMPLE[@]}" "${WORKLOAD[@]}" --cfg job ;;
     port) exec "$PY" -m recipes.grpo "${VERL_EXAMPLE[@]}" "${WORKLOAD[@]}" cluster=$CLUSTER action=validate hydra.run.dir="$WORK/check/$ARM" ;;
+    portverl) exec "$PY" -m recipes.grpo "${VERL_EXAMPLE[@]}" "${WORKLOAD[@]}" cluster=$CLUSTER "${VERL_VALUES[@]}" action=validate \
+      hydra.run.dir="$WORK/check/$ARM" ;;
     *) exec "$PY" -m recipes.grpo cluster=$CLUSTER cluster.gpus_per_node=1 parallel=tp1 rollout=vllm model=$MODEL \
          kl=fixed "${WORKLOAD[@]}" action=validate hydra.run.dir="$WORK/check/$ARM" ;;
   esac
@@ -134,9 +141,10 @@ case $ARM in
     cmd=("$PY" -m verl.trainer.main_ppo "${VERL_EXAMPLE[@]}" "${WORKLOAD[@]}")
     cwd=$run_dir
     export PYTHONPATH=$WORK/vllm_site:$WORK/site_plain VERL_FILE_LOGGER_PATH=$run_dir/metrics.jsonl ;;
-  port)
+  port|portverl)
     # the GPU's preset: without it the pack assumes h100_80g, and on an H200 refuses the example's micro-batch of 40
     cmd=("$PY" -m recipes.grpo "${VERL_EXAMPLE[@]}" "${WORKLOAD[@]}" cluster=$CLUSTER hydra.run.dir="$run_dir")
+    [ "$ARM" = portverl ] && cmd+=("${VERL_VALUES[@]}")
     cwd=$REPO; export PYTHONPATH=$REPO:$SITES ;;
   pack|pack7b)
     cmd=("$PY" -m recipes.grpo cluster=$CLUSTER cluster.gpus_per_node=1 parallel=tp1 rollout=vllm model=$MODEL kl=fixed

@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-ORDER = ("verl", "port", "pack", "pack7b")
+ORDER = ("verl", "port", "portverl", "pack", "pack7b")
 PARTS = ("gen", "old_log_prob", "ref", "update_actor", "update_weights")
 
 
@@ -34,10 +34,10 @@ def _fmt(value, digits: int = 2) -> str:
 
 
 def ratios(arms: dict[str, dict]) -> dict[str, dict]:
-    """port/verl and pack/verl, each only between arms of one GPU."""
+    """port/verl, portverl/verl and pack/verl, each only between arms of one GPU."""
     out: dict[str, dict] = {}
     base = arms.get("verl")
-    for arm in ("port", "pack"):
+    for arm in ("port", "portverl", "pack"):
         other = arms.get(arm)
         if base is None or other is None:
             continue

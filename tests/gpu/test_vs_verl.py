@@ -128,3 +128,8 @@ def test_each_arm_composes_as_the_gpu_machine_runs_it(tmp_path):
     port = _check("port", "NVIDIA H200", tmp_path)
     assert port.returncode == 0, port.stderr[-2000:]
     assert "x1 replicas on 1x1 h200_141g, model qwen2_5_1_5b" in port.stdout + port.stderr
+    # verl's run through the launcher: the port with the overrides its note prints; only the checkpoint folder differs
+    portverl = _check("portverl", "NVIDIA H200", tmp_path)
+    assert portverl.returncode == 0, portverl.stderr[-2000:]
+    assert "note: 1 of verl's defaults differ in this run" in portverl.stderr
+    assert "config OK: fsdp train dp1 tp1 pp1 cp1 ep1" in portverl.stdout
