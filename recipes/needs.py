@@ -25,7 +25,6 @@ from omegaconf import DictConfig, OmegaConf
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-
 # SGLang for verl 0.9.1. verl's own `verl[sglang]` pins sglang==0.5.12, which pins transformers==5.6.0: the one
 # release verl 0.9.1 excludes (transformers>=5.5.3,<5.11,!=5.6.0), so that extra does not resolve
 # (scripts/gpu/results/2026-12-03-sglang/). SGLang runs inside verl's rollout workers, in the process that imports

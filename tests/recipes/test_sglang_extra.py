@@ -5,10 +5,10 @@ drivable (recipes/needs.py) against the same requirement; and the pack's SGLang 
 from __future__ import annotations
 
 import importlib.metadata
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
@@ -96,8 +96,9 @@ def test_the_drivable_releases_are_those_whose_transformers_pin_verl_accepts():
                "'klppo-recipes[sglang]' (in a checkout: pip install -e '.[sglang]')"),
 ])
 def test_an_installed_sglang_outside_the_drivable_releases_is_one_line(monkeypatch, found, line):
-    import recipes.needs as needs
     from omegaconf import OmegaConf
+
+    import recipes.needs as needs
 
     monkeypatch.setattr(needs, "importable", lambda module: True)
     monkeypatch.setattr(needs, "installed_version", lambda package: found if package == "sglang" else None)
