@@ -34,6 +34,7 @@ from recipes.confdir import recipe_defaults
 from recipes.errors import ConfigError
 from recipes.fit import check_memory
 from recipes.layout_keys import Adoption, adopt, find_adoptions
+from recipes.lookups import lookup_problems, lookup_warnings, registry_problems
 from recipes.overrides import override_key, override_value
 from recipes.plan import ARTICLE_FACTORS, BUDGET_FALLBACKS
 from recipes.ray_resources import resource_problems
@@ -492,11 +493,15 @@ def check(cfg: DictConfig, *, run_verl: bool = True) -> ValidatedRun:
     inactive = verl_types.inactive_sections(container, use_critic=use_critic, use_ref=use_ref)
     wrong_kind: dict[str, str] = {}  # a ranged key of a verl class holding a string ...: its type check names it
     ranges = verl_types.range_problems(container, inactive, deferred=wrong_kind)
-    _merge(problems, cfg, [*unresolved.values(), *schema_problems, *ranges.values(), *band_problems(pack)])
+    looked_up, looked_up_warnings = lookup_problems(container, arch, train and train.cp, use_critic)  # issue 49
+    warnings.extend(looked_up_warnings + lookup_warnings(container, use_critic))
+    _merge(problems, cfg, [*unresolved.values(), *schema_problems, *ranges.values(), *band_problems(pack),
+                           *looked_up])
     if not problems and run_verl:
         # verl's own annotations; they import verl (seconds), so, as verl's validator, once the pack's checks pass
         _merge(problems, cfg, verl_types.type_problems(container, inactive).values())
         _merge(problems, cfg, verl_names.name_problems(container, inactive).values())  # verl's registries
+        _merge(problems, cfg, registry_problems(container, inactive).values())  # rollout, reward manager, device
     _merge(problems, cfg, wrong_kind.values())
     if problems:
         cfg = copy.deepcopy(cfg)  # handed on read-only: never the caller's own object

@@ -8,6 +8,8 @@ docstring says what counts as a patch). The verl patches refuse any verl other t
 (``recipes.verl_ext.plugin.patches.require_supported_verl``), the megatron ones any other megatron-core or mbridge
 (``megatron_no_te.require_supported_megatron``); their error messages count the rows to port (:func:`rows_for`).
 
+Rows marked ``reads``: a private registry the pack only reads (its names), changing nothing.
+
 Not rows: what the pack does through an object it made itself (a model, a config node, a tensor), and what a
 wrapper installed by a row does to ``self`` (the row's ``change`` says it).
 """
@@ -36,6 +38,9 @@ class Patch:
     seen_as: str = ""
     """the target as the pack's code reaches it, where that is not ``target`` (an imported alias, an object verl hands
     in): what the test matches at the site"""
+    reads: bool = False
+    """a read-only touch (a private registry's names, read to check a config): nothing is changed; the test matches
+    a reference to the target in the module"""
 
     @property
     def package(self) -> str:
@@ -222,6 +227,18 @@ PATCHES: tuple[Patch, ...] = (
           "validate_config runs and only where vLLM is not installed",
           "verl checks a LoRA rank by importing its vLLM rollout utilities, which import vLLM: on a machine without "
           "vLLM it fails before checking anything", VERL),
+    # ---- read only: verl's registries, read to check names before Ray starts (recipes/lookups.py, issue 49) ----------
+    Patch("recipes/lookups.py", "verl.workers.rollout.replica.RolloutReplicaRegistry._registry",
+          "read: its names (the rollout engines verl can start a server for)",
+          "actor_rollout_ref.rollout.name is looked up there only in a worker after Ray starts; the registry has no "
+          "public list of its names", VERL, reads=True),
+    Patch("recipes/lookups.py", "verl.workers.rollout.base._ROLLOUT_REGISTRY",
+          "read: its (name, mode) keys (the rollout engines a worker has an adapter for)",
+          "get_rollout_class asserts the name in this private table inside the rollout worker", VERL, reads=True),
+    Patch("recipes/lookups.py", "verl.experimental.reward_loop.reward_manager.registry.REWARD_MANAGER",
+          "read: its names (the reward managers of source=register)",
+          "get_reward_manager_cls raises on an unknown name inside the reward-loop worker, without the choices; the "
+          "module exports no list", VERL, reads=True),
     Patch("recipes/verl_ext/early_start.py", "transfer_queue.interface._TQ_STORAGE",
           "cleared (None) after the SimpleStorage units this process started are killed",
           "TransferQueue's close() waits for each storage unit to stop (about 1 s a run); with the record cleared it "
