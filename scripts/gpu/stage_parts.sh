@@ -1,41 +1,101 @@
 #!/usr/bin/env bash
-# Stage, on a GPU machine that takes at most ~60 MiB a transfer, the parts built by scripts/gpu/pack_vllm.sh (and
-# pack.sh's site.tar.xz), one or two per call, in back-to-back calls: what is under STAGE_DIR (/tmp) stays while the
-# machine is warm. Once every part the manifest names is there, the parts are joined, checked against the manifest's
-# sha256 and unpacked to $E2E_WORK/vllm_site (and site.tar.xz to $E2E_WORK/site), where run_h200_e2e.sh finds them.
+# Stage, on a GPU machine that takes at most 64 MiB a call, the archives scripts/gpu/build_all.sh built on the CPU
+# machine and laid out as .gpu-stage0 .. .gpu-stageN: one folder carried a call, in back-to-back calls (what is under
+# STAGE_DIR, /tmp, stays while the machine is warm: the next call within 30 s of the last). Each call copies what it
+# carried into STAGE_DIR, checks every file against STAGING.txt's sha256, and unpacks each archive as soon as all of
+# its files are there:
+#   site.tar.xz (pack.sh)                  -> $E2E_WORK/site           Ray, verl: every GPU run
+#   megatron.tar.xz (pack_megatron.sh)     -> $E2E_WORK/megatron_site  strategy=megatron
+#   vllm.tar.xz.part-* (pack_vllm.sh)      -> $E2E_WORK/vllm_site      rollout=vllm (joined, checked, unpacked)
+# run_h200_e2e.sh and vs_verl.sh put site and vllm_site on PYTHONPATH; megatron_site goes there by hand
+# (PYTHONPATH=$E2E_WORK/megatron_site, docs/staging.md).
 #
-#   bash scripts/gpu/stage_parts.sh            # copies .gpu-packages/* into STAGE_DIR; unpacks when complete
-#   STAGE_FROM=.gpu-stage bash scripts/gpu/stage_parts.sh   # the folder a call carried (one part a call: each call
-#                                              # carries the working tree too, ~12 MB, under the 64 MiB a call takes)
-#   bash scripts/gpu/stage_parts.sh --need     # the same, then exit 1 unless the packages are unpacked
+#   bash scripts/gpu/stage_parts.sh                 # whatever this call carried (.gpu-stage*/, .gpu-packages/)
+#   STAGE_FROM=".gpu-stage2" bash scripts/gpu/stage_parts.sh        # these folders only
+#   bash scripts/gpu/stage_parts.sh --need site,vllm                # then exit 1 unless these are unpacked
+#   bash scripts/gpu/stage_parts.sh --need                          # ... every archive STAGING.txt names
 #
-# Prints one line: the parts held, the parts still missing, or "unpacked".
+# Prints what is unpacked, what is still missing and which folder carries it, and which runs can start:
+#   stage_parts: site unpacked; megatron unpacked; vllm missing vllm.tar.xz.part-02 (.gpu-stage3) ...; ready: ...
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
 STAGE=${STAGE_DIR:-/tmp/klppo_parts}
 WORK=${E2E_WORK:-/tmp/klppo_e2e}
+NEED=; NEED_GIVEN=
+if [ "${1:-}" = --need ]; then NEED_GIVEN=1; NEED=$(echo "${2:-}" | tr ',' ' '); fi
 mkdir -p "$STAGE" "$WORK"
-for f in "${STAGE_FROM:-.gpu-packages}"/*; do
-  [ -f "$f" ] && cp -f "$f" "$STAGE/"
+
+sources=${STAGE_FROM:-$(ls -d .gpu-stage[0-9]* .gpu-packages 2>/dev/null | tr '\n' ' ')}
+for folder in $sources; do
+  for f in "$folder"/*; do [ -f "$f" ] && cp -f "$f" "$STAGE/"; done
 done
-manifest=$STAGE/vllm.MANIFEST.txt
-# Ray, verl and the rest (pack.sh) as soon as they are here: the models and data can be built meanwhile
-if [ -f "$STAGE/site.tar.xz" ] && [ ! -d "$WORK/site/verl" ]; then
-  xz -dc -T0 "$STAGE/site.tar.xz" | tar -xf - -C "$WORK" && echo "stage_parts: $WORK/site unpacked"
+plan=$STAGE/STAGING.txt
+# a file that arrived damaged is dropped (and named below as missing), never unpacked
+if [ -f "$plan" ]; then
+  while read -r sum _ name _; do
+    [ -f "$STAGE/$name" ] && [ ! -f "$STAGE/.ok.$name" ] || continue
+    if [ "$(sha256sum "$STAGE/$name" | cut -d' ' -f1)" = "$sum" ]; then touch "$STAGE/.ok.$name"
+    else echo "stage_parts: $name: sha256 differs from STAGING.txt: dropped, carry it again" >&2; rm -f "$STAGE/$name"; fi
+  done < <(grep -v '^#' "$plan")
 fi
-if [ -d "$WORK/vllm_site/vllm" ] && [ -d "$WORK/site/verl" ]; then echo "stage_parts: unpacked"; exit 0; fi
-[ -f "$manifest" ] || { echo "stage_parts: no vllm.MANIFEST.txt yet (held: $(ls "$STAGE" | tr '\n' ' '))"; exit 1; }
-missing=$(awk '/ vllm.tar.xz.part-/ {print $2}' "$manifest" | while read -r p; do [ -f "$STAGE/$p" ] || echo "$p"; done)
-[ -f "$STAGE/site.tar.xz" ] || missing="$missing site.tar.xz"
-if [ -n "$(echo "$missing" | tr -d ' \n')" ]; then
-  echo "stage_parts: held $(ls "$STAGE" | tr '\n' ' '); missing $(echo $missing)"
-  [ "${1:-}" = --need ] && exit 1 || exit 0
+where() { awk -v n="$1" '$3 == n {print " (" $4 ")"}' "$plan" 2>/dev/null; }
+
+unpack_one() {  # name archive-file folder-under-WORK
+  local name=$1 file=$2 dest=$3
+  [ -d "$WORK/$dest" ] && return 0
+  [ -f "$STAGE/$file" ] || return 1
+  rm -rf "$WORK/$dest.tmp" && mkdir -p "$WORK/$dest.tmp"
+  xz -dc -T0 "$STAGE/$file" | tar -xf - -C "$WORK/$dest.tmp" && mv "$WORK/$dest.tmp/site" "$WORK/$dest" &&
+    rm -rf "$WORK/$dest.tmp"
+}
+unpack_vllm() {
+  local manifest=$STAGE/vllm.MANIFEST.txt missing="" p want got
+  [ -d "$WORK/vllm_site" ] && return 0
+  [ -f "$manifest" ] || { echo "vllm.MANIFEST.txt$(where vllm.MANIFEST.txt)"; return 1; }
+  for p in $(awk '/ vllm.tar.xz.part-/ {print $2}' "$manifest"); do
+    [ -f "$STAGE/$p" ] || missing="$missing $p$(where "$p")"
+  done
+  [ -z "$missing" ] || { echo "${missing# }"; return 1; }
+  want=$(awk '/vllm.tar.xz \(joined\)/ {print $1}' "$manifest")
+  got=$(cat "$STAGE"/vllm.tar.xz.part-* | sha256sum | cut -d' ' -f1)
+  [ "$want" = "$got" ] || { echo "the joined parts (sha256 $got; vllm.MANIFEST.txt says $want): carry them again"; return 1; }
+  rm -rf "$WORK/vllm_site.tmp" && mkdir -p "$WORK/vllm_site.tmp"
+  cat "$STAGE"/vllm.tar.xz.part-* | xz -dc -T0 | tar -xf - -C "$WORK/vllm_site.tmp" &&
+    mv "$WORK/vllm_site.tmp/site" "$WORK/vllm_site" && rm -rf "$WORK/vllm_site.tmp"
+}
+
+# the archives this staging is for: those STAGING.txt names (all three without one)
+if [ -f "$plan" ]; then
+  archives=$(grep -v '^#' "$plan" | awk '{print $3}' | sed -n 's/^site.tar.xz$/site/p; s/^megatron.tar.xz$/megatron/p;
+    s/^vllm.MANIFEST.txt$/vllm/p' | tr '\n' ' ')
+else
+  archives="site megatron vllm"
 fi
-want=$(awk '/vllm.tar.xz \(joined\)/ {print $1}' "$manifest")
-got=$(cat "$STAGE"/vllm.tar.xz.part-* | sha256sum | cut -d' ' -f1)
-[ "$want" = "$got" ] || { echo "stage_parts: joined parts sha256 $got, manifest says $want" >&2; exit 1; }
-start=$(date +%s)
-rm -rf "$WORK/vllm_tmp" "$WORK/vllm_site" && mkdir -p "$WORK/vllm_tmp"
-cat "$STAGE"/vllm.tar.xz.part-* | xz -dc -T0 | tar -xf - -C "$WORK/vllm_tmp" && mv "$WORK/vllm_tmp/site" "$WORK/vllm_site"
-echo "stage_parts: unpacked in $(( $(date +%s) - start )) s: $WORK/vllm_site ($(du -sm "$WORK/vllm_site" | cut -f1) MiB)," \
-  "$WORK/site ($(du -sm "$WORK/site" | cut -f1) MiB)"
+report=(); unpacked=" "
+for name in $archives; do
+  case $name in
+    site) dest=site; file=site.tar.xz ;;
+    megatron) dest=megatron_site; file=megatron.tar.xz ;;
+    vllm) dest=vllm_site ;;
+  esac
+  if [ "$name" = vllm ]; then
+    if out=$(unpack_vllm); then unpacked="$unpacked$name "; report+=("vllm unpacked"); else report+=("vllm missing $out"); fi
+  elif unpack_one "$name" "$file" "$dest"; then
+    unpacked="$unpacked$name "; report+=("$name unpacked")
+  else
+    report+=("$name missing $file$(where "$file")")
+  fi
+done
+ready=()
+case $unpacked in *" site "*)
+  ready+=("rollout=hf")
+  case $unpacked in *" vllm "*) ready+=("rollout=vllm") ;; esac
+  case $unpacked in *" megatron "*) ready+=("strategy=megatron (PYTHONPATH=$WORK/megatron_site)") ;; esac ;;
+esac
+line=$(printf '%s; ' "${report[@]}")
+echo "stage_parts: ${line}ready: ${ready[*]:-nothing yet}"
+[ -n "$NEED_GIVEN" ] || exit 0
+for name in ${NEED:-$archives}; do
+  case $unpacked in *" $name "*) ;; *) exit 1 ;; esac
+done
+exit 0

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Build, on a CPU machine with PyPI access, the `[megatron]` extra's packages for strategy=megatron on a GPU machine
+# without internet: megatron-core 0.16.1 and mbridge 0.15.1 (the exact pins of pyproject.toml's `megatron` extra, which
+# recipes/verl_ext/plugin/megatron_no_te.py patches) and einops (mbridge imports it), no TransformerEngine, no apex.
+# One xz tarball of a site folder, about 3 MB.
+#
+#   bash scripts/gpu/pack_megatron.sh   # -> .gpu-packages/megatron.tar.xz and megatron.MANIFEST.txt
+#
+# On the GPU machine scripts/gpu/stage_parts.sh unpacks it to $E2E_WORK/megatron_site (the same packages as
+# `pip install --no-deps --target /tmp/msite <the three wheels>` of scripts/gpu/results/2026-12-04-h200-megatron/);
+# put that folder on PYTHONPATH for strategy=megatron runs (docs/staging.md).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${PACK_OUT:-.gpu-packages}
+WORK=${PACK_WORK:-build/gpu-megatron}
+PY=${PYTHON:-python3}
+SPECS=(megatron-core==0.16.1 mbridge==0.15.1 einops==0.8.2)
+mkdir -p "$OUT" "$WORK/wheels"
+rm -rf "$WORK/site" && mkdir -p "$WORK/site"
+
+# megatron-core ships C++ helpers: the wheel for the GPU image's interpreter (CPython 3.12, x86-64 Linux)
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 -d "$WORK/wheels" "${SPECS[@]}" 2>&1 | grep -v "^WARNING: Location" || true
+for spec in "${SPECS[@]}"; do
+  name=${spec%%==*}; version=${spec##*==}
+  stem=$(echo "$name" | tr '.-' '__' | tr 'A-Z' 'a-z')
+  wheel=$(ls "$WORK/wheels" | awk -v s="$stem" -v v="$version" 'tolower($0) ~ "^"s"-"v"-" {print; exit}')
+  [ -n "$wheel" ] || { echo "pack_megatron.sh: no wheel for $spec in $WORK/wheels" >&2; exit 1; }
+  unzip -q -o "$WORK/wheels/$wheel" -d "$WORK/site"
+done
+for data in "$WORK"/site/*.data; do
+  [ -d "$data" ] || continue
+  for lib in purelib platlib; do [ -d "$data/$lib" ] && cp -a "$data/$lib/." "$WORK/site/"; done
+  rm -rf "$data"
+done
+find "$WORK/site" -name __pycache__ -type d -prune -exec rm -rf {} +
+test -d "$WORK/site/megatron/core" && test -d "$WORK/site/mbridge"
+
+{
+  echo "# scripts/gpu/pack_megatron.sh, $(date -u +%Y-%m-%dT%H:%M:%SZ): CPython 3.12 manylinux x86-64 wheels, unpacked into site/"
+  printf '%s\n' "${SPECS[@]}"
+} >"$OUT/megatron.MANIFEST.txt"
+tar -C "$WORK" -cf - site | xz -"${XZ_LEVEL:-1}" -T2 >"$OUT/megatron.tar.xz"
+echo "pack_megatron.sh: $OUT/megatron.tar.xz $(( $(stat -c %s "$OUT/megatron.tar.xz") / 1024 )) KiB" \
+  "($(du -sm "$WORK/site" | cut -f1) MiB unpacked), ${#SPECS[@]} packages"
