@@ -3,7 +3,7 @@
 Out of sample: the memory model was not fitted to these runs. Each run is re-planned here from the command it ran
 (``action=plan``'s numbers, in-process) and compared with vLLM's own "Available KV cache memory" line and the
 device's peak (``nvidia-smi`` every 0.5 s, ``gpu_mem.csv``), both read from the run's committed ``runs.tar.gz``.
-Target: within 15% (the README's memory-against-plan table).
+Target: within 15% (docs/gpus.md's memory-against-plan table).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def test_the_plan_predicts_vllms_kv_cache_and_the_peak_within_15_percent(call, r
         error = plan[key] / seen[key] - 1
         assert abs(error) <= TARGET, (
             f"{run} {key}: plan {plan[key] / GIB:.2f} GiB, measured {seen[key] / GIB:.2f} GiB ({error:+.1%})")
-    # the figures the README quotes (docs/gpu_e2e.md, "rollout=vllm: KL-PPO, resume, the 0.5B shape")
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert f"{plan['kv_cache'] / GIB:.2f} → {seen['kv_cache'] / GIB:.2f} GiB" in readme
-    assert f"{plan['peak'] / GIB:.2f} → {seen['peak'] / GIB:.2f} GiB" in readme
+    # the figures docs/gpus.md quotes (docs/gpu_e2e.md, "rollout=vllm: KL-PPO, resume, the 0.5B shape")
+    page = (Path(__file__).resolve().parents[2] / "docs" / "gpus.md").read_text()
+    assert f"{plan['kv_cache'] / GIB:.2f} → {seen['kv_cache'] / GIB:.2f} GiB" in page
+    assert f"{plan['peak'] / GIB:.2f} → {seen['peak'] / GIB:.2f} GiB" in page

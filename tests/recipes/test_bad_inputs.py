@@ -176,11 +176,11 @@ def test_real_process_article_layout_validates(tmp_path, recipe_cli):
     expected = ("config OK: megatron train dp1 tp8 pp4 cp1 ep1 -> vllm infer tp4 pp1 x8 replicas on 4x8 h100_80g "
                 "(assumed; cluster=a100_80g|h200_141g|h800_80g for another)")
     assert proc.stdout.startswith(expected)
-    # the README's sample of this command is its first line, word for word
-    readme = (ROOT / "README.md").read_text()
-    sample = readme.split("$ python -m recipes.kl_ppo parallel=tp8pp4 strategy=megatron cluster.nnodes=4 "
-                          "action=validate\n", 1)[1]
-    assert sample.splitlines()[0] == proc.stdout.splitlines()[0]
+    # the sample of this command in the README and in docs/checking.md is its first line, word for word
+    for page in (ROOT / "README.md", ROOT / "docs" / "checking.md"):
+        sample = page.read_text().split("$ python -m recipes.kl_ppo parallel=tp8pp4 strategy=megatron cluster.nnodes=4 "
+                                        "action=validate\n", 1)[1]
+        assert sample.splitlines()[0] == proc.stdout.splitlines()[0], page.name
     written = list((tmp_path / "runs" / "kl_ppo").glob("*/resolved_config.yaml"))
     assert len(written) == 1
     text = written[0].read_text()

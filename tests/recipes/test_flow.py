@@ -78,15 +78,20 @@ def _flatten(node, prefix=""):
 
 
 def test_the_readme_port_your_verl_script_command_validates(tmp_path, recipe_cli):
-    """The README's "Port your verl script" command, as printed there, validates and says what it adopted."""
+    """The README's "Port your verl script" command, as printed there and in docs/porting.md, validates and says what
+    it adopted."""
     import re
     import shlex
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("## Port your verl script", 1)[1]
-    block = re.search(r"```\n(.*?)```", section, re.S).group(1)
-    argv = shlex.split(block.replace("\\\n", " "))
+    root = Path(__file__).resolve().parents[2]
+    shown = []
+    for text in ((root / "README.md").read_text().split("## Port your verl script", 1)[1],
+                 (root / "docs" / "porting.md").read_text()):
+        block = re.search(r"```\n(.*?)```", text, re.S).group(1)
+        shown.append(shlex.split(block.replace("\\\n", " ")))
+    argv = shown[0]
+    assert shown[1] == argv, "docs/porting.md's command is not the README's"
     assert argv[:3] == ["python", "-m", "recipes.grpo"]
     proc = recipe_cli("grpo", *argv[3:], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]

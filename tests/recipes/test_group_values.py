@@ -1,4 +1,4 @@
-"""What each group option sets in verl: the numbers the README's table promises."""
+"""What each group option sets in verl: the numbers the table of docs/config.md promises."""
 
 from __future__ import annotations
 

@@ -71,11 +71,14 @@ def test_values_that_hydra_would_misread_are_quoted():
 
 
 def _readme_port_command_and_sample() -> tuple[list[str], list[str]]:
-    """The README's "Port your verl script" command (its overrides) and the note sample shown after it."""
-    text = (ROOT / "README.md").read_text().split("## Port your verl script", 1)[1]
+    """docs/porting.md's command (its overrides) and the note sample shown after it; the README's "Port your verl
+    script" shows the same command."""
+    text = (ROOT / "docs" / "porting.md").read_text()
     blocks = text.split("```")[1::2]
     command = blocks[0].replace("\\\n", " ").split()
     assert command[:3] == ["python", "-m", "recipes.grpo"]
+    readme = (ROOT / "README.md").read_text().split("## Port your verl script", 1)[1]
+    assert readme.split("```")[1].replace("\\\n", " ").split() == command, "the README's port command is not the page's"
     sample = next(block for block in blocks if "of verl's defaults differ" in block)
     return command[3:], [line for line in sample.strip("\n").splitlines() if line.strip() != "..."]
 

@@ -185,10 +185,10 @@ def test_nothing_fits_is_one_line_with_the_shortfall_and_exit_2():
 
 
 @pytest.mark.slow  # a child process (the done_when fixture, or its own)
-def test_the_readme_shows_what_the_search_prints(done_when):
+def test_docs_checking_shows_what_the_search_prints(done_when):
     lines = done_when.stdout.rstrip("\n").splitlines()
     check_block("<!-- solve output: tests/recipes/test_solve.py -->", "<!-- end of solve output -->",
-                [f"$ python -m recipes.kl_ppo {' '.join(DONE_WHEN)}"], lines)
+                [f"$ python -m recipes.kl_ppo {' '.join(DONE_WHEN)}"], lines, page="checking.md")
 
 
 def test_plan_solve_is_a_gpu_request_only_with_action_plan():

@@ -37,14 +37,15 @@ def test_a_failing_job_is_reported_and_the_next_one_runs(tmp_path, recipe_cli):
     rows = proc.stdout.split("sweep: 1 of 2 jobs ok")[1].splitlines()[2:]
     assert rows[0].split()[:3] == ["0", "failed", "2"] and "model=llama3_1_70b" in rows[0]
     assert any(r.split()[:3] == ["1", "ok", "0"] and "model=qwen2_5_0_5b" in r for r in rows)
-    _compare_with_readme(proc.stdout.splitlines(), tmp_path)
+    _compare_with_the_docs(proc.stdout.splitlines(), tmp_path)
 
 
-def _compare_with_readme(stdout_lines: list[str], workdir: Path) -> None:
-    """The README's local-sweep sample is this run's summary (numbers and folders masked)."""
+def _compare_with_the_docs(stdout_lines: list[str], workdir: Path) -> None:
+    """docs/clusters.md's local-sweep sample is this run's summary (numbers and folders masked)."""
     start = next(i for i, line in enumerate(stdout_lines) if line.startswith("sweep: "))
     lines = [line.replace(f"{workdir}/", "") for line in stdout_lines[start:] if line.strip()]
-    check_block(START, END, [f"$ {' '.join(['python -m recipes.grpo', *COMMAND])}", "..."], lines)
+    check_block(START, END, [f"$ {' '.join(['python -m recipes.grpo', *COMMAND])}", "..."], lines,
+                page="clusters.md")
 
 
 @pytest.mark.e2e

@@ -224,7 +224,7 @@ def test_stability_options_select_the_pack_trainer():
         assert OmegaConf.select(cfg, "stability.inject.nan_at_step") is None
 
 
-# the demo's KL per step (README, "make demo": task=tiny, kl=ramp), past its band (<= 0.6) in the last 4 steps
+# the demo's KL per step (README, "Demo": task=tiny, kl=ramp), past its band (<= 0.6) in the last 4 steps
 DEMO_KL = [0.0, 0.0171, 0.0305, 0.0401, 0.0456, 0.0685, 0.0894, 0.1266, 0.1564, 0.18, 0.2409, 0.2978, 0.355, 0.4249,
            0.4987, 0.585, 0.6663, 0.9005, 0.8455, 1.021]
 

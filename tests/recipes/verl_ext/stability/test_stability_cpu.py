@@ -76,7 +76,7 @@ def test_adaptive_coefficient_follows_the_rule(guard_run):
     assert first["kl_control/loss_coef"] == init and first["kl_control/target"] == target
     pi = cfg["kl"]["controller"]
     assert pi["rule"] == "pi"  # the default rule; the first update has no earlier KL to extrapolate from
-    # the PI rule written out (README, "KL control"): log(coef) moves by kp * (e - e_last) + ki * e, e = log(KL /
+    # the PI rule written out (docs/stability.md): log(coef) moves by kp * (e - e_last) + ki * e, e = log(KL /
     # target) clipped to +-2, e_last = 0 at the first update, the move bounded to +-max_step
     error = max(-2.0, min(2.0, math.log(first["actor/kl_loss"] / target)))
     move = max(-pi["max_step"], min(pi["max_step"], (pi["kp"] + pi["ki"]) * error))
