@@ -36,7 +36,7 @@ PKG_PREFIX, FILE_PREFIX = "pkg://", "file://"
 # verl/trainer/ppo/reward.py resolve_reward_manager_cls
 REWARD_SOURCES = ("register", "importlib")
 # a learning rate outside this band is orders of magnitude off for fine-tuning with Adam (verl's default is 1e-6)
-LR_BAND = (1e-9, 1e-2)
+LR_BAND = (1e-9, 1e-1)
 _ROLLOUT = "actor_rollout_ref.rollout.name"
 
 
@@ -135,7 +135,7 @@ def top_level_names(source: str) -> set[str] | None:
         node = stack.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+        elif isinstance(node, (ast.Import, ast.ImportFrom)) and getattr(node, "module", None) != "__future__":
             if any(alias.name == "*" for alias in node.names):
                 return None
             names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
