@@ -69,7 +69,12 @@ for name in $ONLY; do
   elif [ "$MODE" = force ] || { [ "$MODE" = build ] && [ "$state" != built ]; }; then
     echo "build_all: $name: $state: bash $(script_of "$name")"
     start=$(date +%s)
-    PACK_OUT=$OUT bash "$(script_of "$name")"
+    # built aside and moved in: a new file under each name, so the hard links of an earlier layout (a staging in
+    # progress) keep the bytes STAGING.txt names
+    rm -rf "$OUT/.building-$name" && mkdir -p "$OUT/.building-$name"
+    PACK_OUT=$OUT/.building-$name bash "$(script_of "$name")"
+    [ "$name" = vllm ] && rm -f "$OUT"/vllm.tar.xz.part-*
+    mv -f "$OUT/.building-$name"/* "$OUT/" && rmdir "$OUT/.building-$name"
     echo "$name $(inputs_hash "$name") $(date -u +%Y-%m-%dT%H:%M:%SZ)" >>"$OUT/BUILT.txt"
     echo "build_all: $name: built in $(( $(date +%s) - start )) s"
   elif [ "$state" != built ]; then
