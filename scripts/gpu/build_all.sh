@@ -31,10 +31,11 @@ case "${1:-}" in
   *) echo "build_all: unknown argument $1 (--list, --layout, --force)" >&2; exit 2 ;;
 esac
 
-script_of() { case $1 in site) echo scripts/gpu/pack.sh ;; vllm) echo scripts/gpu/pack_vllm.sh ;;
-  megatron) echo scripts/gpu/pack_megatron.sh ;; *) return 1 ;; esac; }
-inputs_of() { case $1 in site) echo "scripts/gpu/pack.sh requirements/cpu.lock" ;;
-  vllm) echo "scripts/gpu/pack_vllm.sh scripts/gpu/vllm_needs.txt" ;; megatron) echo scripts/gpu/pack_megatron.sh ;; esac; }
+SCRIPTS=${PACK_SCRIPTS:-scripts/gpu}  # the pack scripts' folder (tests put stand-ins there)
+script_of() { case $1 in site) echo "$SCRIPTS/pack.sh" ;; vllm) echo "$SCRIPTS/pack_vllm.sh" ;;
+  megatron) echo "$SCRIPTS/pack_megatron.sh" ;; *) return 1 ;; esac; }
+inputs_of() { case $1 in site) echo "$SCRIPTS/pack.sh requirements/cpu.lock" ;;
+  vllm) echo "$SCRIPTS/pack_vllm.sh scripts/gpu/vllm_needs.txt" ;; megatron) echo "$SCRIPTS/pack_megatron.sh" ;; esac; }
 # the files an archive is, in carry order (its manifest first)
 files_of() {
   case $1 in

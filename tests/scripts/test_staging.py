@@ -136,3 +136,52 @@ def test_build_all_refuses_an_unknown_argument_or_archive(tmp_path):
     assert _bash(BUILD_ALL, "--dry").returncode == 2
     proc = _bash(BUILD_ALL, "--list", ONLY="site sglang", PACK_OUT=str(tmp_path))
     assert proc.returncode == 2 and "build_all: unknown archive sglang (site vllm megatron)" in proc.stderr
+
+
+STAND_IN = """#!/usr/bin/env bash
+# a stand-in for scripts/gpu/{name}: writes its archive's files into PACK_OUT, as the real one does
+set -euo pipefail
+echo "{name}" >>"{calls}"
+for f in {files}; do printf '%s' "{content}" >"$PACK_OUT/$f"; done
+"""
+
+
+def _stand_ins(folder: Path, calls: Path, content: str = "v1") -> None:
+    folder.mkdir(exist_ok=True)
+    files = {"pack.sh": "MANIFEST.txt site.tar.xz", "pack_megatron.sh": "megatron.MANIFEST.txt megatron.tar.xz",
+             "pack_vllm.sh": "vllm.MANIFEST.txt vllm.tar.xz.part-00 vllm.tar.xz.part-01"}
+    for name, outputs in files.items():
+        (folder / name).write_text(STAND_IN.format(name=name, calls=calls, files=outputs, content=content))
+
+
+def test_build_all_builds_what_is_missing_or_from_other_inputs_and_keeps_a_staging_in_progress(tmp_path):
+    scripts, calls, out, tree = tmp_path / "scripts", tmp_path / "calls.txt", tmp_path / "pkgs", tmp_path / "tree"
+    tree.mkdir()
+    _stand_ins(scripts, calls)
+    env = {"PACK_SCRIPTS": str(scripts), "PACK_OUT": str(out), "STAGE_ROOT": str(tree)}
+
+    first = _bash(BUILD_ALL, **env)
+    assert first.returncode == 0, first.stderr
+    assert calls.read_text().split() == ["pack.sh", "pack_megatron.sh", "pack_vllm.sh"]
+    assert [line.split()[0] for line in (out / "BUILT.txt").read_text().splitlines()] == ["site", "megatron", "vllm"]
+    assert sorted(p.name for p in out.iterdir() if p.name not in ("BUILT.txt", "STAGING.txt")) == sorted(
+        ["MANIFEST.txt", "site.tar.xz", "megatron.MANIFEST.txt", "megatron.tar.xz", "vllm.MANIFEST.txt",
+         "vllm.tar.xz.part-00", "vllm.tar.xz.part-01"])
+    assert (tree / ".gpu-stage0" / "vllm.tar.xz.part-01").read_text() == "v1"
+
+    again = _bash(BUILD_ALL, **env)  # nothing changed: nothing built, the same layout
+    assert again.returncode == 0 and calls.read_text().split() == ["pack.sh", "pack_megatron.sh", "pack_vllm.sh"]
+
+    staged = tree / ".gpu-stage0" / "vllm.tar.xz.part-01"
+    kept = tree / "kept_link"
+    kept.hardlink_to(staged)  # a staging in progress holds the bytes it was planned with
+    (scripts / "pack_vllm.sh").write_text(STAND_IN.format(
+        name="pack_vllm.sh", calls=calls, files="vllm.MANIFEST.txt vllm.tar.xz.part-00 vllm.tar.xz.part-01",
+        content="v2"))
+    listed = _bash(BUILD_ALL, "--list", **env)
+    assert f"build_all: vllm: stale: would run bash {scripts}/pack_vllm.sh" in listed.stdout.splitlines()
+    rebuilt = _bash(BUILD_ALL, **env)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert calls.read_text().split() == ["pack.sh", "pack_megatron.sh", "pack_vllm.sh", "pack_vllm.sh"]
+    assert (out / "vllm.tar.xz.part-01").read_text() == "v2" and kept.read_text() == "v1"
+    assert (tree / ".gpu-stage0" / "vllm.tar.xz.part-01").read_text() == "v2"
