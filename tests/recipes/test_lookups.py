@@ -186,7 +186,7 @@ def test_verls_valid_values_are_accepted(tmp_path, recipe_main):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert ("note: reward.custom_reward_function.path: /cluster/reward.py is not a file on this machine; the reward "
             "function 'compute_score' is not checked") in proc.stderr.splitlines()
-    assert "optim.lr" not in proc.stderr
+    assert "warning: actor_rollout_ref.actor.optim.lr" not in proc.stderr
 
 
 def _container(**sections) -> dict:
