@@ -35,7 +35,7 @@ SCRIPTS=${PACK_SCRIPTS:-scripts/gpu}  # the pack scripts' folder (tests put stan
 script_of() { case $1 in site) echo "$SCRIPTS/pack.sh" ;; vllm) echo "$SCRIPTS/pack_vllm.sh" ;;
   megatron) echo "$SCRIPTS/pack_megatron.sh" ;; *) return 1 ;; esac; }
 inputs_of() { case $1 in site) echo "$SCRIPTS/pack.sh requirements/cpu.lock" ;;
-  vllm) echo "$SCRIPTS/pack_vllm.sh scripts/gpu/vllm_needs.txt" ;; megatron) echo "$SCRIPTS/pack_megatron.sh" ;; esac; }
+  vllm) echo "$SCRIPTS/pack_vllm.sh scripts/gpu/vllm_needs.txt" ;; megatron) echo "$SCRIPTS/pack_megatron.sh requirements/megatron-site.txt" ;; esac; }
 # the files an archive is, in carry order (its manifest first)
 files_of() {
   case $1 in

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build, on a CPU machine with PyPI access, the `[megatron]` extra's packages for strategy=megatron on a GPU machine
 # without internet: megatron-core 0.16.1 and mbridge 0.15.1 (the exact pins of pyproject.toml's `megatron` extra, which
-# recipes/verl_ext/plugin/megatron_no_te.py patches) and einops (mbridge imports it), no TransformerEngine, no apex.
+# recipes/verl_ext/plugin/megatron_no_te.py patches) and einops (mbridge imports it), as requirements/megatron-site.txt
+# pins them; no TransformerEngine, no apex.
 # One xz tarball of a site folder, about 3 MB.
 #
 #   bash scripts/gpu/pack_megatron.sh   # -> .gpu-packages/megatron.tar.xz and megatron.MANIFEST.txt
@@ -14,7 +15,8 @@ cd "$(dirname "$0")/../.."
 OUT=${PACK_OUT:-.gpu-packages}
 WORK=${PACK_WORK:-build/gpu-megatron}
 PY=${PYTHON:-python3}
-SPECS=(megatron-core==0.16.1 mbridge==0.15.1 einops==0.8.2)
+# the pins the test suite runs megatron-core with (make install's build/megatron-site): one list for both
+mapfile -t SPECS < <(grep -v -E '^\s*(#|$)' requirements/megatron-site.txt)
 mkdir -p "$OUT" "$WORK/wheels"
 rm -rf "$WORK/site" && mkdir -p "$WORK/site"
 
