@@ -64,12 +64,14 @@ unpack_vllm() {
     mv "$WORK/vllm_site.tmp/site" "$WORK/vllm_site" && rm -rf "$WORK/vllm_site.tmp"
 }
 
-# the archives this staging is for: those STAGING.txt names (all three without one)
+# the archives this staging is for: those STAGING.txt names; without one (parts laid out by hand, before
+# build_all.sh), pack.sh's and pack_vllm.sh's, and megatron's where its archive came
 if [ -f "$plan" ]; then
   archives=$(grep -v '^#' "$plan" | awk '{print $3}' | sed -n 's/^site.tar.xz$/site/p; s/^megatron.tar.xz$/megatron/p;
     s/^vllm.MANIFEST.txt$/vllm/p' | tr '\n' ' ')
 else
-  archives="site megatron vllm"
+  archives="site vllm"
+  { [ -f "$STAGE/megatron.tar.xz" ] || [ -d "$WORK/megatron_site" ]; } && archives="site megatron vllm"
 fi
 report=(); unpacked=" "
 for name in $archives; do

@@ -185,3 +185,16 @@ def test_build_all_builds_what_is_missing_or_from_other_inputs_and_keeps_a_stagi
     assert calls.read_text().split() == ["pack.sh", "pack_megatron.sh", "pack_vllm.sh", "pack_vllm.sh"]
     assert (out / "vllm.tar.xz.part-01").read_text() == "v2" and kept.read_text() == "v1"
     assert (tree / ".gpu-stage0" / "vllm.tar.xz.part-01").read_text() == "v2"
+
+
+def test_stage_parts_without_a_staging_plan_stages_the_site_and_vllm_as_before(tmp_path, packages):
+    """Folders laid out by hand (no STAGING.txt, no megatron archive): the site and vLLM, and --need asks for both."""
+    carried = tmp_path / "carried"
+    carried.mkdir()
+    for name in ("MANIFEST.txt", "site.tar.xz", "vllm.MANIFEST.txt", "vllm.tar.xz.part-00", "vllm.tar.xz.part-01"):
+        (carried / name).write_bytes((packages / name).read_bytes())
+    work = tmp_path / "work"
+    proc = _bash(STAGE_PARTS, "--need", STAGE_FROM=str(carried), STAGE_DIR=str(tmp_path / "stage"), E2E_WORK=str(work))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout == "stage_parts: site unpacked; vllm unpacked; ready: rollout=hf rollout=vllm\n"
+    assert not (work / "megatron_site").exists()
