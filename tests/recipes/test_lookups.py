@@ -274,3 +274,29 @@ def test_ulysses_kv_heads_rule():
 def test_learning_rate_band(lr, expected):
     container = _container(actor_rollout_ref={"actor": {"optim": {"lr": lr}}}, critic={"optim": {"lr": 1e3}})
     assert lookups.lookup_warnings(container, use_critic=False) == expected
+
+
+@pytest.mark.slow
+def test_an_empty_parquet_file_under_action_plan_is_one_line_not_pyarrows_traceback(tmp_path, recipe_main):
+    empty = tmp_path / "train.parquet"
+    empty.write_bytes(b"")
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = recipe_main("grpo", f"data.train_files={empty}", "action=plan", cwd=work)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert (f"  - data.train_files: {empty} is empty (0 bytes): verl 0.9.1's dataset would have no rows"
+            in (proc.stdout + proc.stderr).splitlines())
+
+
+def test_a_reward_file_not_here_is_a_note_at_validate_and_a_problem_for_training_here():
+    node = {"custom_reward_function": {"path": "/cluster/r.py", "name": "score"}}
+    assert lookups.reward_problems(_container(reward=node)) == (
+        [], ["reward.custom_reward_function.path: /cluster/r.py is not a file on this machine; the reward function "
+             "'score' is not checked"])
+    training = {**_container(reward=node), "action": "train", "launcher": {"name": "local"}}
+    assert lookups.reward_problems(training) == (
+        ["reward.custom_reward_function.path: /cluster/r.py is not a file on this machine: verl 0.9.1 loads the "
+         "reward function 'score' from it when the run starts"], [])
+    on_ray = {**training, "launcher": {"name": "ray"}}  # the cluster checks it again where it trains
+    assert lookups.reward_problems(on_ray)[0] == []
