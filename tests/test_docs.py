@@ -78,3 +78,18 @@ def test_docs_checking_shows_what_action_plan_prints(recipe_main, tmp_path):
     check_block("<!-- plan output: tests/test_docs.py -->", "<!-- end of plan output -->",
                 [f"$ python -m recipes.kl_ppo {' '.join(PLAN)}"], proc.stdout.rstrip("\n").splitlines(),
                 ignored=lambda line: line.startswith("  - note:"), page="checking.md")
+
+
+OVER = ["model=qwen2_5_32b", "strategy=megatron", "parallel=tp4pp2", "action=validate"]
+
+
+@pytest.mark.slow  # validates and re-plans each suggestion in-process: several seconds on 2 cores
+def test_docs_checking_shows_what_a_run_that_does_not_fit_prints(recipe_main, tmp_path):
+    """docs/checking.md's memory error is what the command prints: exit 2, the error and the changes that fit."""
+    from tests.readme import check_block
+
+    proc = recipe_main("grpo", *OVER, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr[-2000:]
+    check_block("<!-- memory error: tests/test_docs.py -->", "<!-- end of memory error -->",
+                [f"$ python -m recipes.grpo {' '.join(OVER)}   # action=plan: the table, then exit 2"],
+                proc.stderr.rstrip("\n").splitlines(), page="checking.md")
