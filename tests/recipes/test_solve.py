@@ -182,6 +182,10 @@ def test_nothing_fits_is_one_line_with_the_shortfall_and_exit_2():
     assert match and float(match[1]) == pytest.approx(2 * float(match[2]), abs=0.011)
     assert float(match[3]) == pytest.approx(float(match[1]) + 16 - 512, abs=0.011)
     assert errors[0].startswith("config error: plan.solve: no layout of llama3_1_70b fits 1x2 h100_80g")
+    # docs/checking.md shows this line
+    check_block("<!-- nothing fits: tests/recipes/test_solve.py -->", "<!-- end of nothing fits -->",
+                ["$ python -m recipes.grpo model=llama3_1_70b cluster.gpus_per_node=2 cluster.host_memory_gib=512 "
+                 "action=plan plan.solve=true"], errors, page="checking.md")
 
 
 @pytest.mark.slow  # a child process (the done_when fixture, or its own)
