@@ -93,3 +93,20 @@ def test_docs_checking_shows_what_a_run_that_does_not_fit_prints(recipe_main, tm
     check_block("<!-- memory error: tests/test_docs.py -->", "<!-- end of memory error -->",
                 [f"$ python -m recipes.grpo {' '.join(OVER)}   # action=plan: the table, then exit 2"],
                 proc.stderr.rstrip("\n").splitlines(), page="checking.md")
+
+
+BUDGETS = ["model=qwen2_5_0_5b", "cluster=h200_141g", "cluster.gpus_per_node=1", "parallel=tp1", "action=plan"]
+
+
+@pytest.mark.slow  # composes, validates and plans in-process: several seconds on 2 cores
+def test_docs_gpus_shows_the_plans_budgets_and_share(recipe_main, tmp_path):
+    """docs/gpus.md's action=plan sample: the plan's last lines, from the rollout's share to the token budgets."""
+    from tests.readme import check_block
+
+    proc = recipe_main("grpo", *BUDGETS, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.rstrip("\n").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("  share "))
+    shown = [line for line in lines[start:] if line.startswith(("  share ", "  phases ", "  peak ", "token budgets:"))]
+    check_block("<!-- plan budgets: tests/test_docs.py -->", "<!-- end of plan budgets -->",
+                [f"$ python -m recipes.grpo {' '.join(BUDGETS)}", "..."], shown, page="gpus.md")
