@@ -13,8 +13,8 @@
   is smaller than the actor tokenizer's. :func:`lookup_problems`. A learning rate orders of magnitude off is a
   warning (:func:`lookup_warnings`).
 
-A file that is not on this machine is a warning at ``action=validate`` and ``action=plan`` (it may be on the
-cluster) and a problem for ``action=train`` here. Everything reads the resolved config (a plain dict).
+A file that is not on this machine is a note (it may be on the cluster), as a missing data file is at validation.
+Everything reads the resolved config (a plain dict).
 """
 
 from __future__ import annotations
@@ -167,16 +167,12 @@ def _module_file(path: str) -> tuple[Path | None, str]:
     return (local, "") if local.is_file() else (None, "is not a file on this machine")
 
 
-def extern_object_problem(path_key: str, path, name_key: str, name, what: str,
-                          here: bool = False) -> tuple[str | None, str | None]:
+def extern_object_problem(path_key: str, path, name_key: str, name, what: str) -> tuple[str | None, str | None]:
     """(problem, note) for the object verl's ``load_extern_object(path, name)`` loads: the file is read (not run)
-    and must bind ``name`` at its top level. A file not here: a note (it may be on the cluster), a problem for a
-    run that trains ``here``."""
+    and must bind ``name`` at its top level. A file not here: a note (it may be on the cluster, as a data file)."""
     if not name:
         return f"{name_key}: not set, but {path_key}={path} names a file: verl 0.9.1 loads the {what} by name", None
     file, why = _module_file(str(path))
-    if file is None and here:
-        return f"{path_key}: {path} {why}: verl 0.9.1 loads the {what} {name!r} from it when the run starts", None
     if file is None:
         return None, f"{path_key}: {path} {why}; the {what} {name!r} is not checked"
     try:
@@ -190,19 +186,13 @@ def extern_object_problem(path_key: str, path, name_key: str, name, what: str,
             f"with getattr(module, {name!r}); its top-level names: {', '.join(public) or 'none'})"), None
 
 
-def trains_here(container: dict) -> bool:
-    """Whether this process starts the training (``action=train``, launcher=local): a file must be here."""
-    return _at(container, "action") == "train" and _at(container, "launcher.name") != "ray"
-
-
 def reward_problems(container: dict) -> tuple[list[str], list[str]]:
     """(problems, notes) of the custom reward function and of a reward manager loaded by ``importlib``."""
-    here = trains_here(container)
     problems, notes = [], []
     section, node = _reward_function(container)
     if node.get("path"):
         problem, note = extern_object_problem(f"{section}.path", node["path"], f"{section}.name", node.get("name"),
-                                              "reward function", here)
+                                              "reward function")
         problems += [problem] if problem else []
         notes += [note] if note else []
     key, manager, source = _reward_manager(container)
@@ -217,7 +207,7 @@ def reward_problems(container: dict) -> tuple[list[str], list[str]]:
                             "loads the reward manager class from it")
         else:
             problem, note = extern_object_problem("reward.reward_manager.module.path", path, key, manager,
-                                                  "reward manager class", here)
+                                                  "reward manager class")
             problems += [problem] if problem else []
             notes += [note] if note else []
     return problems, notes
