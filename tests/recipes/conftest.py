@@ -14,10 +14,10 @@ register_resolvers()
 
 # Options that need a context to be valid (the rest compose with the recipe's defaults).
 CONTEXT = {
-    ("parallel", "cpu"): ["cluster=cpu"],
+    ("parallel", "cpu"): ["cluster=cpu", "rollout=hf"],  # vLLM and SGLang need GPUs (recipes.lookups)
     ("parallel", "tp4pp2"): ["strategy=megatron"],
     ("parallel", "tp8pp4"): ["strategy=megatron", "cluster.nnodes=4"],
-    ("cluster", "cpu"): ["parallel=cpu"],
+    ("cluster", "cpu"): ["parallel=cpu", "rollout=hf"],
     ("strategy", "megatron"): ["parallel=tp8"],
     ("model", "tiny"): ["parallel=tp1"],
     ("model", "qwen2_5_0_5b"): ["parallel=tp2"],
