@@ -153,6 +153,14 @@ def check_memory(cfg: DictConfig, train: TrainLayout | None, infer: InferLayout 
         return
     found = suggest(plan, layout_free=layout_free(cfg), admissible=admissible,
                     offload_overrides=offload_overrides(cfg, plan.settings))
+    longest = None if plan.settings.use_dynamic_bsz else longest_response_that_fits(plan)
+    if longest is not None:  # fixed micro-batches: the script's own sizes, planned at every response's maximum
+        safer = "; ".join(s.text for s in found)
+        warnings.append(f"{head} if every response reaches data.max_response_length "
+                        f"{plan.settings.max_response_length}; the fixed micro-batches fit with responses up to "
+                        f"{longest} tokens: going on (it may run out of GPU memory on longer ones"
+                        + (f"; these fit at any length: {safer})" if safer else ")"))
+        return
     if found:
         lines = [f"{head}; these fit when re-planned (add to the command line):"]
         lines += [f"    {s.line()}" for s in found]
@@ -161,6 +169,28 @@ def check_memory(cfg: DictConfig, train: TrainLayout | None, infer: InferLayout 
                  f"cluster.nnodes (alone or two together) re-plans as fitting"]
     lines.append("    or run.allow_overcommit=true to go on anyway")
     problems.append("\n".join(lines))
+
+
+def longest_response_that_fits(plan: Plan) -> int | None:
+    """The longest response (tokens) at which the plan's fixed micro-batches fit the GPU, everything else as
+    planned; None where none does (weights, gradients and optimizer states alone overcommit) or where the host's
+    memory is what does not fit."""
+    if plan.memory["host"]["fits"] is False:
+        return None
+
+    def fits(length: int) -> bool:
+        shorter = build_plan(plan.arch, plan.train, plan.infer, plan.cluster,
+                             replace(plan.settings, max_response_length=length), spec=plan.spec)
+        return shorter.memory is not None and shorter.memory["peak_bytes"] <= shorter.memory["gpu_bytes"]
+
+    low, high = 0, plan.settings.max_response_length  # fits(low) holds once low > 0; fits(high) does not
+    if not fits(1):
+        return None
+    low = 1
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
 
 
 def overcommit_line(plan: Plan) -> str:

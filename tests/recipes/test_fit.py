@@ -173,7 +173,7 @@ def test_nothing_to_check_without_the_models_shape_or_a_gpu():
     assert _memory_problems(_checked("parallel=tp2", tiny_gpu)[1])  # the recipe's shipped model: checked
     cfg, run = _checked("parallel=tp2", tiny_gpu, "actor_rollout_ref.model.path=acme/unknown-7b")
     assert run.arch is None and run.problems == ()
-    cfg, run = _checked("cluster=cpu", "parallel=cpu", "cluster.gpu.memory_gib=0.001")
+    cfg, run = _checked("cluster=cpu", "parallel=cpu", "rollout=hf", "cluster.gpu.memory_gib=0.001")
     assert run.arch is not None and run.problems == ()
     assert fit.memory_plan(cfg, run.train, run.infer, run.arch, use_critic=run.use_critic, use_ref=run.use_ref) is None
 
