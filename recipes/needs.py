@@ -221,9 +221,24 @@ def train_problems(cfg: DictConfig) -> list[str]:
 
 def machine_notes(cfg: DictConfig) -> list[str]:
     """What ``action=validate`` and ``action=plan`` say of this machine (a run may be checked here for a cluster):
-    the engine packages, the data files and the checkpoint folder that training here would stop on."""
+    one line for what is absent here and always is on a laptop (the engine packages, the data files), then a release
+    verl cannot drive and a checkpoint folder that cannot be made, each a line of its own."""
+    absent = [need for need in NEEDS if str(OmegaConf.select(cfg, need.key, default="")) == need.value
+              and not all(importable(module) for module in need.modules)]
+    files = [(key, path) for key in ("data.train_files", "data.val_files")
+             for path in local_files(OmegaConf.select(cfg, key)) if not Path(path).expanduser().is_file()]
+    parts = []
+    if absent:
+        extras = ",".join(need.extra for need in absent)
+        parts.append(", ".join(need.what for need in absent) + f": pip install 'klppo-recipes[{extras}]' (in a "
+                     f"checkout: pip install -e '.[{extras}]')")
+    if files:
+        parts.append("data files " + ", ".join(f"{path} ({key})" for key, path in files))
+    lines = [f"not on this machine, which training here would need (validate and plan do not): {'; '.join(parts)}"
+             ] if parts else []
+    wrong = [line for line in missing_packages(cfg) if " is installed here; " in line]
     unwritable = unwritable_checkpoint_dir(cfg)
-    return missing_packages(cfg) + missing_data(cfg) + ([unwritable] if unwritable else [])
+    return lines + wrong + ([unwritable] if unwritable else [])
 
 
 # the columns verl 0.9.1 reads by a key's name (RLHFDataset: the prompt; the reward loop: the data source)
