@@ -63,12 +63,24 @@ def gpu_only_strategy(argv: list[str], recipe_strategy: str | None) -> str | Non
     return strategy if strategy in GPU_ONLY_STRATEGIES else None
 
 
+# Rollout engines that generate on GPUs only: typed (``rollout=vllm``, or verl's ``actor_rollout_ref.rollout.name=vllm``
+# as a pasted script has it), one plans for GPUs
+GPU_ONLY_ROLLOUTS = ("vllm", "sglang")
+
+
+def gpu_only_rollout(argv: list[str]) -> str | None:
+    """The rollout engine the command line types, when it generates on GPUs only."""
+    typed = _typed(argv, "actor_rollout_ref.rollout.name") or _typed(argv, "rollout")
+    return typed if typed in GPU_ONLY_ROLLOUTS else None
+
+
 def embedded_defaults(argv: list[str], accelerator: bool, recipe_strategy: str | None = None) -> list[str]:
     """The overrides to add for the embedded CPU default: none on a GPU machine, when a layout was chosen, or for a
     strategy whose engine needs GPUs (the embedded default trains with FSDP2 on CPU)."""
     chosen = chosen_keys(argv)
     # launcher=ray: the run goes to an existing cluster, whose hardware is not this machine's (recipes/ray_jobs.py)
-    if accelerator or chooses_layout(argv) or "launcher=ray" in argv or gpu_only_strategy(argv, recipe_strategy):
+    if (accelerator or chooses_layout(argv) or "launcher=ray" in argv or gpu_only_strategy(argv, recipe_strategy)
+            or gpu_only_rollout(argv)):
         return []
     return [f"{group}={option}" for group, option in EMBEDDED_DEFAULTS.items() if group not in chosen]
 
@@ -80,7 +92,7 @@ MEMORY_SLACK_GIB = 2.0
 
 def gpu_found() -> tuple[str, float] | None:
     """GPU 0's name and memory in GiB, where torch sees one."""
-    import torch  # lazy, as has_accelerator
+    import torch  # lazy: torch takes seconds to import and only this question needs it here
 
     if not torch.cuda.is_available():
         return None

@@ -47,6 +47,7 @@ from recipes.defaults import (
     chooses_layout,
     embedded_defaults,
     gpu_found,
+    gpu_only_rollout,
     gpu_only_strategy,
     has_accelerator,
     machine_cluster,
@@ -121,6 +122,9 @@ def run_recipe(recipe: str, argv: list[str] | None = None) -> None:
     elif not accelerator and not chooses_layout(argv) and gpu_only:
         notices.append(f"no GPU found: strategy={gpu_only} plans for the recipe's GPU cluster (verl's Megatron "
                        "engine needs GPUs; strategy=fsdp2 runs the embedded CPU default)")
+    elif not accelerator and not chooses_layout(argv) and gpu_only_rollout(argv):
+        notices.append(f"no GPU found: rollout={gpu_only_rollout(argv)} plans for the recipe's GPU cluster (it "
+                       "generates on GPUs; rollout=hf runs the embedded CPU default)")
     if has_hydra_flags(argv):
         hydra_argv = with_overrides(argv, added)
         try:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from hybrid_engine.model_spec import MODEL_CONFIG_DIR, ModelArch, ModelSpecError, load_arch, shipped_name_of_hub_id
 from hybrid_engine.plan.settings import FSDP_FAMILY
+from recipes.verl_ext.registries import device_names, reward_manager_names, rollout_names
 from recipes.verl_ext.types import _at, _inside
 
 # verl/utils/dataset/rl_dataset.py RLHFDataset._read_files_and_tokenize: the endings it reads, else ValueError
@@ -43,43 +44,6 @@ _ROLLOUT = "actor_rollout_ref.rollout.name"
 def did_you_mean(value: str, choices) -> str:
     close = difflib.get_close_matches(value, list(choices), n=1, cutoff=0.6)
     return f" (did you mean {close[0]}?)" if close else ""
-
-
-# ---- verl's registries (the verl phase: these import verl) ------------------------------------------------------
-
-
-def rollout_names() -> tuple[str, ...]:
-    """The engines verl 0.9.1 can start: a server replica (RolloutReplicaRegistry) with a worker adapter
-    (``_ROLLOUT_REGISTRY``, async mode); the pack's plugin adds ``hf`` to both."""
-    from verl.workers.rollout import base, replica  # lazy: verl imports in seconds
-
-    servers = set(replica.RolloutReplicaRegistry._registry)
-    adapters = {name for name, mode in base._ROLLOUT_REGISTRY if mode == "async"}
-    return tuple(sorted(servers & adapters))
-
-
-def reward_manager_names() -> tuple[str, ...]:
-    """The reward managers verl 0.9.1's reward loop finds by name (``source: register``)."""
-    import verl.experimental.reward_loop.reward_manager  # noqa: F401 - lazy: its imports register the managers
-    from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
-
-    return tuple(sorted(REWARD_MANAGER))
-
-
-def device_names() -> tuple[str, ...]:
-    """The ``trainer.device`` values verl 0.9.1 runs on: the device of each platform in its PlatformRegistry, and the
-    pack's CPU platform (registered only where it is wanted)."""
-    from verl.plugin.platform.platform_manager import PlatformRegistry  # lazy: verl imports in seconds
-
-    from recipes.verl_ext.plugin.platform import PlatformCPU
-
-    names = {PlatformCPU().device_name}
-    for platform in PlatformRegistry.registered_names():
-        try:
-            names.add(PlatformRegistry.get(platform)().device_name)
-        except Exception:  # noqa: BLE001, S112 - a vendor platform that cannot even be described here
-            continue
-    return tuple(sorted(names))
 
 
 def _name_line(key: str, value, what: str, choices: tuple[str, ...]) -> str:
@@ -301,9 +265,10 @@ def module_names(config_dir: Path) -> tuple[list[str], set[str]]:
 
 
 def _matches(target, names: list[str]) -> bool:
-    from types import SimpleNamespace
+    from types import SimpleNamespace  # lazy: with peft below, only where LoRA targets are checked
 
-    from peft.tuners.tuners_utils import check_target_module_exists  # peft's own matching, as get_peft_model uses
+    # lazy: peft imports torch and transformers' internals; peft's own matching, as get_peft_model uses
+    from peft.tuners.tuners_utils import check_target_module_exists
 
     config = SimpleNamespace(target_modules=target, exclude_modules=None, target_parameters=None)
     return any(check_target_module_exists(config, name) for name in names)

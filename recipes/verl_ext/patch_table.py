@@ -227,15 +227,15 @@ PATCHES: tuple[Patch, ...] = (
           "validate_config runs and only where vLLM is not installed",
           "verl checks a LoRA rank by importing its vLLM rollout utilities, which import vLLM: on a machine without "
           "vLLM it fails before checking anything", VERL),
-    # ---- read only: verl's registries, read to check names before Ray starts (recipes/lookups.py, issue 49) ----------
-    Patch("recipes/lookups.py", "verl.workers.rollout.replica.RolloutReplicaRegistry._registry",
+    # ---- read only: verl's registries, read to check names before Ray starts (for recipes/lookups.py, issue 49) ---
+    Patch("recipes/verl_ext/registries.py", "verl.workers.rollout.replica.RolloutReplicaRegistry._registry",
           "read: its names (the rollout engines verl can start a server for)",
           "actor_rollout_ref.rollout.name is looked up there only in a worker after Ray starts; the registry has no "
           "public list of its names", VERL, reads=True),
-    Patch("recipes/lookups.py", "verl.workers.rollout.base._ROLLOUT_REGISTRY",
+    Patch("recipes/verl_ext/registries.py", "verl.workers.rollout.base._ROLLOUT_REGISTRY",
           "read: its (name, mode) keys (the rollout engines a worker has an adapter for)",
           "get_rollout_class asserts the name in this private table inside the rollout worker", VERL, reads=True),
-    Patch("recipes/lookups.py", "verl.experimental.reward_loop.reward_manager.registry.REWARD_MANAGER",
+    Patch("recipes/verl_ext/registries.py", "verl.experimental.reward_loop.reward_manager.registry.REWARD_MANAGER",
           "read: its names (the reward managers of source=register)",
           "get_reward_manager_cls raises on an unknown name inside the reward-loop worker, without the choices; the "
           "module exports no list", VERL, reads=True),

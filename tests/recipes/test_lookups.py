@@ -294,3 +294,16 @@ def test_a_reward_file_not_here_is_a_note():
     assert lookups.reward_problems(_container(reward=node)) == (
         [], ["reward.custom_reward_function.path: /cluster/r.py is not a file on this machine; the reward function "
              "'score' is not checked"])
+
+
+def test_a_typed_gpu_rollout_on_a_laptop_plans_for_the_gpu_cluster(tmp_path, monkeypatch, capsys):
+    """rollout=vllm typed on a machine without GPUs (a pasted verl script names it too): no embedded CPU default, so no
+    cluster=cpu to refuse it against; the run is planned for the recipe's GPU cluster, and a notice says so."""
+    from recipes import launch
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(launch, "has_accelerator", lambda: False)
+    launch.run_recipe("grpo", ["actor_rollout_ref.rollout.name=vllm", "action=validate"])
+    out, err = capsys.readouterr()
+    assert "no GPU found: rollout=vllm plans for the recipe's GPU cluster" in err
+    assert out.startswith("config OK: fsdp2 train dp8") and "-> vllm infer" in out
