@@ -183,10 +183,9 @@ def longest_response_that_fits(plan: Plan) -> int | None:
                              replace(plan.settings, max_response_length=length), spec=plan.spec)
         return shorter.memory is not None and shorter.memory["peak_bytes"] <= shorter.memory["gpu_bytes"]
 
-    low, high = 0, plan.settings.max_response_length  # fits(low) holds once low > 0; fits(high) does not
     if not fits(1):
         return None
-    low = 1
+    low, high = 1, plan.settings.max_response_length  # fits(low) holds; fits(high) does not
     while high - low > 1:
         middle = (low + high) // 2
         low, high = (middle, high) if fits(middle) else (low, middle)

@@ -320,9 +320,6 @@ def estimate_memory(
             kept += state["optimizer"] + state["master_weights"]
         return kept
 
-    def full(state: dict[str, int]) -> int:
-        return state["params"] + state["grads"] + state["master_weights"] + state["optimizer"]
-
     ref_offloaded = settings.param_offload or policy
     ref_resident = 0 if ref_offloaded else ref_params
     generation = reserved + resident(actor) + resident(critic) + ref_resident
@@ -331,7 +328,7 @@ def estimate_memory(
     backward = actor["unsharded_layers"] + copied_in + acts["activations"] + acts["logits"]
     step = 0 if policy or not settings.optimizer_foreach else actor["optimizer_step"]
     training = (
-        (0 if policy else full(actor))
+        (0 if policy else _state_bytes(actor))
         + max(backward, step)  # the pass's peak, or AdamW's step after it
         + resident(critic)
         + ref_resident
@@ -350,12 +347,11 @@ def estimate_memory(
     )
     phases = {"generation": generation, "training": training, "log_prob": log_prob}
     host = _host_bytes(actor, critic, ref_params if ref_offloaded else 0, settings, cluster)
-    gpu_fits = gpu - max(phases.values()) >= int(settings.min_headroom_gib * GIB) and (
-        reserved > generation_weight_bytes or host_rollout)
     peak_phase = max(phases, key=phases.get)
     peak = phases[peak_phase]
     headroom = gpu - peak
     min_headroom = int(settings.min_headroom_gib * GIB)
+    gpu_fits = headroom >= min_headroom and (kv_cache > 0 or host_rollout)
     # what the GPU holds beside the engine while the engine is awake (a sleeping engine wakes for generation only)
     awake_phases = ("generation",) if sleeps else tuple(phases)
     beside_engine = max(phases[name] - reserved for name in awake_phases)
@@ -407,6 +403,11 @@ def estimate_memory(
     }
 
 
+def _state_bytes(state: dict[str, int]) -> int:
+    """A trained model's whole state: params, grads, master weights and optimizer states."""
+    return state["params"] + state["grads"] + state["master_weights"] + state["optimizer"]
+
+
 HOST_HEADROOM_GIB = 16.0
 """CPU memory per machine kept beside the offloaded states: Ray, the Python workers, vLLM's process and the pinned
 staging buffers (an allowance, not measured)."""
@@ -421,7 +422,7 @@ def _host_bytes(actor: dict, critic: dict | None, ref_params: int, settings: Pla
         if state is None:
             return 0
         if settings.policy_offload:
-            return state["params"] + state["grads"] + state["master_weights"] + state["optimizer"]
+            return _state_bytes(state)
         return ((state["params"] if settings.param_offload else 0)
                 + (state["optimizer"] + state["master_weights"] if settings.optimizer_offload else 0))
 
