@@ -65,9 +65,12 @@ if [ "$ARM" = prep ]; then
   # so that it goes on after this call returns while the next calls stage the packages
   mkdir -p "$WORK/models"
   export PYTHONPATH=$REPO:$WORK/site
+  # PREP_MODELS: the shapes to build (pack7b needs qwen2_5_7b: about 15 GB on disk); the data takes the first's tokenizer
+  models=${PREP_MODELS:-qwen2_5_1_5b}; first=${models%% *}
+  build=""; for m in $models; do build="$build $PY scripts/gpu/random_model.py $m $(model_dir $m) && "; done
   setsid nohup bash -c "
-    $PY scripts/gpu/random_model.py qwen2_5_1_5b $(model_dir qwen2_5_1_5b) &&
-    $PY scripts/gpu/vs_verl_data.py $(model_dir qwen2_5_1_5b) $DATA --train 512 --val 16
+    $PY scripts/gpu/random_model.py $first $(model_dir $first) &&
+    $PY scripts/gpu/vs_verl_data.py $(model_dir $first) $DATA --train 512 --val 16 && $build true
   " >"$WORK/prep.log" 2>&1 </dev/null &
   echo "vs_verl: prep started on '${gpu_name}' (log $WORK/prep.log)"
   exit 0
@@ -117,6 +120,13 @@ VERL_EXAMPLE=(
   trainer.save_freq=20 trainer.total_epochs=15
 )
 
+# pack7b: the plan's refusal of the 7B shape on one GPU proposes offload=full; with the host's memory known (read
+# below, as cluster.host_memory_gib) FSDP2's CPU offload does not fit the host, and what fits the card is FSDP1's
+# manual offload with AdamW's foreach temporary off (docs/vs_verl.md, "The 7B shape on one GPU")
+HOST_GIB=${HOST_GIB:-$(awk '/MemTotal/ {printf "%d", $2 / 1048576}' /proc/meminfo)}
+FIT_7B=(offload=full strategy=fsdp +actor_rollout_ref.actor.optim.override_optimizer_config.foreach=false
+  cluster.host_memory_gib=$HOST_GIB)
+
 # portverl: the port plus the overrides its start-up note prints to restore verl's values of the keys the example leaves
 # unset (the checkpoint folder aside, which no step uses): verl's run through the pack's launcher and plugin
 VERL_VALUES=(strategy=fsdp actor_rollout_ref.rollout.cudagraph_capture_sizes=null trainer.v1.trainer_mode=sync)
@@ -127,8 +137,9 @@ if [ -n "${CHECK:-}" ]; then
     port) exec "$PY" -m recipes.grpo "${VERL_EXAMPLE[@]}" "${WORKLOAD[@]}" cluster=$CLUSTER action=validate hydra.run.dir="$WORK/check/$ARM" ;;
     portverl) exec "$PY" -m recipes.grpo "${VERL_EXAMPLE[@]}" "${WORKLOAD[@]}" cluster=$CLUSTER "${VERL_VALUES[@]}" action=validate \
       hydra.run.dir="$WORK/check/$ARM" ;;
-    *) exec "$PY" -m recipes.grpo cluster=$CLUSTER cluster.gpus_per_node=1 parallel=tp1 rollout=vllm model=$MODEL \
-         kl=fixed "${WORKLOAD[@]}" action=validate hydra.run.dir="$WORK/check/$ARM" ;;
+    *) extra=(); [ "$ARM" = pack7b ] && extra=("${FIT_7B[@]}")
+       exec "$PY" -m recipes.grpo cluster=$CLUSTER cluster.gpus_per_node=1 parallel=tp1 rollout=vllm model=$MODEL \
+         kl=fixed "${WORKLOAD[@]}" "${extra[@]}" action=validate hydra.run.dir="$WORK/check/$ARM" ;;
   esac
 fi
 dir=$OUTDIR/$ARM
@@ -149,6 +160,7 @@ case $ARM in
   pack|pack7b)
     cmd=("$PY" -m recipes.grpo cluster=$CLUSTER cluster.gpus_per_node=1 parallel=tp1 rollout=vllm model=$MODEL kl=fixed
          "${WORKLOAD[@]}" hydra.run.dir="$run_dir")
+    [ "$ARM" = pack7b ] && cmd+=("${FIT_7B[@]}")
     cwd=$REPO; export PYTHONPATH=$REPO:$SITES ;;
 esac
 {
@@ -165,6 +177,9 @@ cat "$dir/env.txt"; echo "=== $ARM on $CLUSTER: $(cat "$dir/cmd.txt")"
 
 nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader,nounits -lms 500 >"$dir/gpu_mem.csv" 2>/dev/null &
 smi=$!
+# the host's memory in use every second (MiB): offload=full keeps the states there
+(while :; do echo "$(date +%s.%N) $(free -m | awk '/^Mem:/ {print $3}')"; sleep 1; done) >"$dir/host_mem.txt" &
+hostmem=$!
 start=$(date +%s.%N)
 (cd "$cwd" && exec timeout "$RUN_TIMEOUT" "${cmd[@]}") >"$dir/run.log" 2>&1 &
 pid=$!
@@ -177,7 +192,7 @@ while kill -0 $pid 2>/dev/null; do
 done
 wait $pid; rc=$?
 end=$(date +%s.%N)
-kill $smi 2>/dev/null
+kill $smi $hostmem 2>/dev/null
 (cd "$cwd" && $PY -m ray.scripts.scripts stop --force >/dev/null 2>&1)
 grep -h -a -E "KV cache|Model loading took|model weights took|Memory profiling|memory profiling|CUDA graph|cudagraph|torch.compile|compil|sleep mode|Sleep mode|woke up|wake|gpu_memory_utilization|Available KV|maximum concurrency|Using .* backend|update_weights|Graph capturing" \
   /tmp/ray/session_latest/logs/*.out /tmp/ray/session_latest/logs/*.err "$run_dir/verl.log" "$dir/run.log" 2>/dev/null |
