@@ -14,7 +14,8 @@ MiB every 0.5 s) and engine_lines.txt (vLLM's own lines). Adds:
   ``old_log_prob``, ``ref``,
   ``update_actor``, ``update_weights``), response tokens a second per GPU (``response_length/mean`` x sequences /
   ``timing_s/step``, one GPU), and verl's ``perf/throughput`` (prompt and response tokens);
-- the device's peak memory (gpu_mem.csv, GiB) and vLLM's KV-cache lines.
+- the device's peak memory (gpu_mem.csv, GiB), the host's (host_mem.txt: used MiB every second, where the runner
+  wrote it) and vLLM's KV-cache lines.
 Standard library only.
 """
 
@@ -59,6 +60,16 @@ def peak_gib(path: Path) -> float | None:
     return round(max(used) / 1024, 2) if used else None
 
 
+def peak_host_gib(path: Path) -> float | None:
+    used = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[1].isdigit():
+                used.append(int(parts[1]))
+    return round(max(used) / 1024, 2) if used else None
+
+
 def arm_figures(run_dir: Path, out: Path, arm: str, gpu: str, cluster: str, wall_s: float, exit_code: int,
                 sequences: int) -> dict:
     base = figures(run_dir, arm, wall_s)
@@ -98,6 +109,7 @@ def arm_figures(run_dir: Path, out: Path, arm: str, gpu: str, cluster: str, wall
         "response_length_mean": median("response_length/mean"),
         "sequences_per_step": sequences,
         "peak_gpu_gib": peak_gib(out / "gpu_mem.csv"),
+        "peak_host_gib": peak_host_gib(out / "host_mem.txt"),
         "peak_actor_gb": base["peak_memory_gb"],
         "reward_per_step": base["reward"]["per_step"],
         "kl_loss_per_step": [(step, d.get("actor/kl_loss")) for step, d in sorted(per_step.items())],
@@ -122,7 +134,7 @@ def main() -> int:
     parts = ", ".join(f"{k} {v:.2f}" for k, v in fig["parts_s"].items())
     print(f"{args.arm} on {args.gpu}: exit {args.exit}, steps {fig['steps']}, first step done at "
           f"{fig['first_step_done_s']} s, steady step {fig['step_s']} s ({parts}), response tokens/s/GPU "
-          f"{fig['response_tokens_per_s_per_gpu']}, peak {fig['peak_gpu_gib']} GiB")
+          f"{fig['response_tokens_per_s_per_gpu']}, peak {fig['peak_gpu_gib']} GiB (host {fig['peak_host_gib']} GiB)")
     return 0
 
 

@@ -73,6 +73,7 @@ def test_the_figures_leave_checkpoint_saves_out_and_count_response_tokens(tmp_pa
     steps.append({"timing_s/step": 55.0, "timing_s/save_checkpoint": 21.0, "timing_s/gen": 4.0,
                   "response_length/mean": 296.0})
     run, out = _arm(tmp_path, steps, "0 180.0\n1 250.0\n2 288.0\n", [1000, 60_000, 81_000, 500])
+    (out / "host_mem.txt").write_text("1.0 20000\n2.0 101376\n3.0 garbled\n4.0 9000\n")
     fig = vs_verl_figures.arm_figures(run, out, "verl", "NVIDIA H100 80GB HBM3", "h100_80g", 460.0, 0, 160)
     # steps 2-6 less their saves: 38, 36, 35, 37, 34 -> 36
     assert fig["step_s"] == 36.0 and fig["step_with_saves_s"] == 37.0
@@ -80,7 +81,7 @@ def test_the_figures_leave_checkpoint_saves_out_and_count_response_tokens(tmp_pa
     expected = statistics.median([310 * 160 / 38, 290 * 160 / 36, 280 * 160 / 35, 300 * 160 / 37, 296 * 160 / 34])
     assert fig["response_tokens_per_s_per_gpu"] == pytest.approx(expected)
     assert fig["first_step_done_s"] == 250.0 and fig["first_step_start_s"] == 250.0 - 70.0
-    assert fig["peak_gpu_gib"] == round(81_000 / 1024, 2)
+    assert fig["peak_gpu_gib"] == round(81_000 / 1024, 2) and fig["peak_host_gib"] == 99.0
     assert fig["parts_s"]["gen"] == 4.0 and fig["steady_steps"] == 5
     assert fig["engine_lines"] == ["INFO It took 0.097 seconds to wake up tags ['kv_cache']."]
 
