@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from recipes.records import write_atomic
+from recipes.record.records import write_atomic
 
 MARKER = "checkpoint_complete.json"
 HASHED_BELOW = 1 << 20

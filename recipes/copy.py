@@ -32,7 +32,7 @@ from recipes.confdir import (
     shared_folders,
 )
 from recipes.defaults import EMBEDDED_DEFAULTS
-from recipes.gitstate import git_state
+from recipes.record.gitstate import git_state
 
 MARKER = ".klppo-copy.json"
 # groups whose options refer to other groups' options (override /parallel: ...): copied whole or not at all

@@ -32,7 +32,6 @@ from hydra.types import HydraContext, RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from recipes import gc_threshold, hydra_cache
-from recipes.bundle import write_record
 from recipes.compose import (
     adopt_batching,
     adopt_engine_switch,
@@ -60,9 +59,10 @@ from recipes.interrupt import Interrupted, exits_on_ctrl_c
 from recipes.needs import column_problems, engine_notes, machine_notes, train_problems
 from recipes.overrides import has_hydra_flags, with_overrides
 from recipes.ray_jobs import preflight, submit_from_hydra
+from recipes.record.bundle import write_record
+from recipes.record.rundir import Reservation, claim, lock, refuse_location, release, reserve, unlock
 from recipes.resolvers import register_resolvers
 from recipes.resume import plan_resume
-from recipes.rundir import Reservation, claim, lock, refuse_location, release, reserve, unlock
 from recipes.sweep import expand_jobs, job_result, sweep_problems
 from recipes.validate import ValidatedRun, check, validate
 from recipes.verl_ext.verl_tree import changed_defaults_lines, is_verl_script
@@ -219,8 +219,8 @@ def pin_run_dir(cfg: DictConfig) -> Reservation:
     """Fix this run's folder now (``hydra.run.dir`` holds ``${now:...}``), so ``run.dir`` resolves to it during
     validation and the job writes exactly there. The recipe's own folder name is reserved (created exclusively, a
     suffix when another run took it in the same second). A ``hydra.run.dir=`` typed on the command line must be new
-    or empty (recipes.rundir.claim: an earlier run's record is not overwritten; a file or a place that cannot hold a
-    folder is refused), except in the Ray Job the pack submitted (the launcher points each job at the folder it
+    or empty (recipes.record.rundir.claim: an earlier run's record is not overwritten; a file or a place that cannot
+    hold a folder is refused), except in the Ray Job the pack submitted (the launcher points each job at the folder it
     reserved and recorded). A folder outside run.root, a name too long or an unwritable run.root is a ConfigError
     before anything is created; ``run.resume=`` continues that folder."""
     if OmegaConf.select(cfg, "run.resume"):

@@ -14,7 +14,7 @@ import os
 import threading
 from pathlib import Path
 
-from recipes.records import WriteFailed, replace_from
+from recipes.record.records import WriteFailed, replace_from
 
 REWARD_KEYS = ("critic/score/mean", "critic/rewards/mean")
 # the KL to the reference policy: loss-side (GRPO, use_kl_loss) or in-reward (KL-PPO, use_kl_in_reward); the default

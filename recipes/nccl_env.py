@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from recipes.compose import compose_recipe
 from recipes.errors import ConfigError, exit_with
-from recipes.redact import redact_env
+from recipes.record.redact import redact_env
 from recipes.schema import NCCL, load_section
 from recipes.verl_ext import api as verl
 
@@ -299,7 +299,7 @@ def _probe_runner_class():
 
         def run(self, config):
             out = OmegaConf.select(config, "probe_out")
-            # secret values as *** (recipes/redact.py): the file shows that a token arrived, not the token
+            # secret values as *** (recipes/record/redact.py): the file shows that a token arrived, not the token
             data = {"pid": os.getpid(), "cwd": os.getcwd(), "env": redact_env(dict(os.environ)),
                     "gc_threshold": list(gc.get_threshold())}  # run.gc_threshold, set by the setup hook
             Path(out).write_text(json.dumps(data, indent=2))

@@ -41,7 +41,7 @@ from recipes.monitor import final_metrics
 from recipes.nccl_env import pack_env
 from recipes.overrides import chosen_keys, override_key
 from recipes.ray_resources import cpus_needed
-from recipes.redact import redact_env
+from recipes.record.redact import redact_env
 from recipes.schema import Launcher, load_section
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from recipes import checkpoints as ckpt
 from recipes.errors import ConfigError
-from recipes.records import write_atomic
+from recipes.record.records import write_atomic
 
 RECORD = "resolved_config.yaml"
 PREFIX = "resume_"

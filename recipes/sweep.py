@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from recipes.monitor import final_metrics
 from recipes.overrides import override_key
 from recipes.ray_jobs import SWEEP_RECORD, distinguishing
-from recipes.rundir import reserve
+from recipes.record.rundir import reserve
 
 
 @dataclass
@@ -139,8 +139,8 @@ class SweepSummary(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Reserve the sweep folder (``multirun-<time>``, a -N suffix when another sweep took it in the same
-        second; recipes.rundir) unless ``hydra.sweep.dir`` was typed; every job's config is composed again from the
-        master's Hydra overrides, so the reserved folder goes there too."""
+        second; recipes.record.rundir) unless ``hydra.sweep.dir`` was typed; every job's config is composed again from
+        the master's Hydra overrides, so the reserved folder goes there too."""
         hydra_overrides = [str(o) for o in config.hydra.overrides.hydra]
         if any(o.lstrip("+").startswith("hydra.sweep.dir=") for o in hydra_overrides):
             return

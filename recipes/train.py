@@ -23,7 +23,7 @@ from recipes.console import LOG_NAME, verl_output_to_log
 from recipes.finalize import FinalRun
 from recipes.interrupt import EXIT_CODE, interrupted_lines, lost_worker_line, sigterm_as_interrupt
 from recipes.monitor import KL_KEYS, REWARD_KEYS, ProgressPrinter, first, plot_metrics, read_metrics
-from recipes.records import WriteFailed, disk_full_line
+from recipes.record.records import WriteFailed, disk_full_line
 from recipes.resume import SUPERSEDED, keep_metrics_up_to
 from recipes.verl_ext import api as verl
 from recipes.verl_ext.demo import ensure_tiny_assets

@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
 
 from _common import environment, write_json  # noqa: E402
 
-from recipes.gitstate import git_state  # noqa: E402
+from recipes.record.gitstate import git_state  # noqa: E402
 
 
 def cpu_environment() -> dict:

@@ -136,7 +136,7 @@ PATCHES: tuple[Patch, ...] = (
           "parameters beside mbridge's generator; verl's for LoRA/QAT/virtual pipeline/context or expert parallelism",
           "as for FSDPEngine.get_per_tensor_param", VERL),
     Patch(_PATCHES, "verl.trainer.main_ppo.pprint",
-          "replaced by a pprint that applies the pack's redaction (recipes.redact.redact_config) to a config",
+          "replaced by a pprint that applies the pack's redaction (recipes.record.redact.redact_config) to a config",
           "verl's task runner prints the whole resolved config to the terminal, verl.log and Ray's worker logs", VERL),
     Patch(_PATCHES, "verl.trainer.main_ppo_v0.pprint",
           "the same for the legacy task runner (trainer.use_v1=false)", "as for verl.trainer.main_ppo.pprint", VERL),

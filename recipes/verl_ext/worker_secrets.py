@@ -4,7 +4,7 @@ verl 0.9.1's ``run_ppo`` prints ``ray init kwargs: {...}`` with the whole runtim
 runtime-env agent logs every runtime env it creates (``runtime_env_agent.log``, once per worker). A token given as
 ``ray_kwargs.ray_init.runtime_env.env_vars.HF_TOKEN`` would land in both, in clear.
 
-Here the secret entries (by the pack's one policy, recipes/redact.py: a secret name such as HF_TOKEN or
+Here the secret entries (by the pack's one policy, recipes/record/redact.py: a secret name such as HF_TOKEN or
 WANDB_API_KEY, or a key-shaped value) leave ``env_vars`` before verl sees the config, and reach each worker through
 Ray's ``worker_process_setup_hook``: a function that sets them in the worker's environment before any task or actor
 runs there. Ray pickles that function into its GCS store and puts only its key in the runtime env, so neither line
@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from recipes.redact import is_secret_name, redact_value
+from recipes.record.redact import is_secret_name, redact_value
 
 ENV_KEY = "ray_kwargs.ray_init.runtime_env.env_vars"
 

@@ -6,7 +6,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from recipes.compose import compose_recipe
-from recipes.redact import REDACTED, is_secret_name, redact_config
+from recipes.record.redact import REDACTED, is_secret_name, redact_config
 
 LAYOUTS = [
     ("grpo", ["parallel=tp2"]),

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from recipes.errors import ConfigError
-from recipes.rundir import claim, release, reserve
+from recipes.record.rundir import claim, release, reserve
 from tests.conftest import checkout_env
 
 
@@ -86,7 +86,7 @@ def test_a_run_folder_is_locked_while_its_run_lives_and_a_dead_runs_lock_is_take
     import pytest
 
     from recipes.errors import ConfigError
-    from recipes.rundir import LOCK, lock, unlock
+    from recipes.record.rundir import LOCK, lock, unlock
 
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:

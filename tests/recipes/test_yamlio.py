@@ -1,12 +1,12 @@
-"""recipes.yamlio writes the text OmegaConf.to_yaml writes, and it loads back to the same values."""
+"""recipes.record.yamlio writes the text OmegaConf.to_yaml writes, and it loads back to the same values."""
 
 from __future__ import annotations
 
 import yaml
 from omegaconf import OmegaConf
 
-from recipes import yamlio
 from recipes.compose import compose_recipe
+from recipes.record import yamlio
 
 TRICKY = {"exp": "1e-3", "bool_word": "true", "yes_no": "n", "null_word": "null", "tilde": "~", "empty": "",
           "hex": "0x1F", "underscored": "1_000", "unicode": "ünïcode", "colon": "x: y", "multi": "two\nlines",

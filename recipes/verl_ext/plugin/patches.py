@@ -261,7 +261,8 @@ def _redacted_config_print(module) -> None:
     terminal, the run's verl.log and Ray's worker logs: print it with the pack's redaction policy applied."""
     from pprint import pprint  # lazy: only the task runner's module needs it
 
-    from recipes.redact import redact_config  # lazy: recipes.redact is a leaf; this module loads in every verl process
+    # lazy: recipes.record.redact is a leaf; this module loads in every verl process
+    from recipes.record.redact import redact_config
 
     def redacted_pprint(obj, *args, **kwargs):
         pprint(redact_config(obj) if isinstance(obj, dict | list) else obj, *args, **kwargs)

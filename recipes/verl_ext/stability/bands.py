@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from recipes.monitor import read_metrics
-from recipes.records import write_atomic
+from recipes.record.records import write_atomic
 from recipes.schema import Monitor, load_section
 
 

@@ -34,7 +34,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from recipes.records import write_atomic
+from recipes.record.records import write_atomic
 from recipes.schema import KL, load_section
 
 STATE_FILE = "kl_control.json"
@@ -259,7 +259,8 @@ class KLControl:
     def save(self, folder: str | Path) -> Path:
         path = Path(folder) / STATE_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
-        # json writes floats with repr(): they read back bit for bit; written aside, then renamed (recipes.records)
+        # json writes floats with repr(): they read back bit for bit; written aside, then renamed
+        # (recipes.record.records)
         return write_atomic(path, json.dumps({"settings": asdict(self.settings), "state": self.state_dict()},
                                              indent=1))
 

@@ -28,9 +28,10 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from recipes import checkpoints as ckpt
-from recipes import gc_threshold, yamlio
-from recipes.records import write_atomic
-from recipes.redact import redact_config
+from recipes import gc_threshold
+from recipes.record import yamlio
+from recipes.record.records import write_atomic
+from recipes.record.redact import redact_config
 from recipes.resume import SUPERSEDED, keep_metrics_up_to
 from recipes.schema import DEGRADATIONS, Stability, load_section
 from recipes.verl_ext.stability.faults import RETRYABLE, classify, exit_description

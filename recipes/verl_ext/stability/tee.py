@@ -13,7 +13,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from recipes.records import WriteFailed
+from recipes.record.records import WriteFailed
 
 LOGGER_ENV = "VERL_FILE_LOGGER_PATH"
 ENV_VARS = "ray_kwargs.ray_init.runtime_env.env_vars"

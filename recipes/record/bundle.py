@@ -5,7 +5,7 @@
 - ``bundle.json``: command line, working folder, host, versions (pack, verl, torch, ray, hydra, transformers, and
   vllm / sglang / megatron-core when installed, CUDA and NCCL when CUDA is present), git SHA, branch and dirty flag
   of the launch folder's repository (and of the pack's checkout when that is another one), the environment with
-  secrets redacted (the policy of recipes/redact.py: WANDB_API_KEY, HF_TOKEN, *_PASSWORD, key-shaped values and
+  secrets redacted (the policy of recipes/record/redact.py: WANDB_API_KEY, HF_TOKEN, *_PASSWORD, key-shaped values and
   passwords inside URLs);
 - ``../nccl_env.json``: the variables every Ray worker gets, where each comes from, and their conflicts
   (recipes.nccl_env).
@@ -27,12 +27,12 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from recipes import yamlio
 from recipes.confdir import entry_command
-from recipes.gitstate import git_state
 from recipes.nccl_env import WorkerEnv, record_lines
 from recipes.nccl_env import write_record as write_nccl_record
-from recipes.redact import redact_arg, redact_config, redact_env
+from recipes.record import yamlio
+from recipes.record.gitstate import git_state
+from recipes.record.redact import redact_arg, redact_config, redact_env
 
 BUNDLE_DIR = "repro"
 RESOLVED_CONFIG = "resolved_config.yaml"
@@ -100,7 +100,7 @@ def collect(cfg: DictConfig, recipe: str | None = None, overrides: list[str] | N
         "git": git_state(cwd),
         "env": redact_env(environ),
     }
-    pack_root = Path(__file__).resolve().parent.parent
+    pack_root = Path(__file__).resolve().parents[2]
     pack_git = git_state(pack_root) if (pack_root / ".git").exists() else None
     if pack_git and (data["git"] is None or pack_git["root"] != data["git"]["root"]):
         data["pack_git"] = pack_git
@@ -108,7 +108,7 @@ def collect(cfg: DictConfig, recipe: str | None = None, overrides: list[str] | N
 
 
 def save_config(cfg: DictConfig, path: Path) -> None:
-    """The config as YAML, resolved, without Hydra's own node, secrets redacted (recipes/redact.py)."""
+    """The config as YAML, resolved, without Hydra's own node, secrets redacted (recipes/record/redact.py)."""
     container = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     container = redact_config({k: v for k, v in container.items() if k != "hydra"})
     path.write_text(yamlio.dump(container))

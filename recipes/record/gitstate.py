@@ -6,7 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from recipes.redact import redact_value
+from recipes.record.redact import redact_value
 
 
 def _git(folder: Path, *args: str) -> str | None:

@@ -1,0 +1,1 @@
+"""The record of a run: its folder, and what is written there."""
