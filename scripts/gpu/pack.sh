@@ -21,6 +21,7 @@ cd "$(dirname "$0")/../.."
 OUT=${PACK_OUT:-.gpu-packages}
 WORK=${PACK_WORK:-build/gpu-packages}
 PY=${PYTHON:-python3}
+. scripts/gpu/_wheels.sh  # unpack_wheels
 LOCK=requirements/cpu.lock
 mkdir -p "$OUT" "$WORK/wheels"
 rm -rf "$WORK/site" && mkdir -p "$WORK/site"
@@ -59,20 +60,7 @@ others=(); for spec in "${specs[@]}"; do [ "$spec" = "$antlr" ] || others+=("$sp
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
   -d "$WORK/wheels" "${others[@]}" 2>&1 | grep -v "^WARNING: Location" || true
 
-# a wheel is a zip of its site-packages entries: unzip keeps the executable bits (raylet, gcs_server)
-for spec in "${specs[@]}"; do
-  name=${spec%%==*}; version=${spec##*==}
-  stem=$(echo "$name" | tr '-' '_' | tr 'A-Z' 'a-z')
-  wheel=$(ls "$WORK/wheels" | awk -v s="$stem" -v v="$version" 'tolower($0) ~ "^"s"-"v"-" {print; exit}')
-  [ -n "$wheel" ] || { echo "pack.sh: no wheel for $spec in $WORK/wheels" >&2; exit 1; }
-  unzip -q -o "$WORK/wheels/$wheel" -d "$WORK/site"
-done
-# *.data/purelib|platlib entries belong to site-packages itself
-for data in "$WORK"/site/*.data; do
-  [ -d "$data" ] || continue
-  for lib in purelib platlib; do [ -d "$data/$lib" ] && cp -a "$data/$lib/." "$WORK/site/"; done
-  rm -rf "$data"
-done
+unpack_wheels "$WORK/wheels" "$WORK/site" pack.sh "${specs[@]}"
 
 # Ray: a real local cluster needs _raylet.so, core/src/ray/{raylet,gcs}; none of these parts
 ( cd "$WORK/site/ray" && rm -rf jars dashboard/client rllib serve tune train data llm )

@@ -15,6 +15,7 @@ cd "$(dirname "$0")/../.."
 OUT=${PACK_OUT:-.gpu-packages}
 WORK=${PACK_WORK:-build/gpu-megatron}
 PY=${PYTHON:-python3}
+. scripts/gpu/_wheels.sh  # unpack_wheels
 # the pins the test suite runs megatron-core with (make install's build/megatron-site): one list for both
 mapfile -t SPECS < <(grep -v -E '^\s*(#|$)' requirements/megatron-site.txt)
 mkdir -p "$OUT" "$WORK/wheels"
@@ -24,18 +25,7 @@ rm -rf "$WORK/site" && mkdir -p "$WORK/site"
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 -d "$WORK/wheels" "${SPECS[@]}" 2>&1 | grep -v "^WARNING: Location" || true
-for spec in "${SPECS[@]}"; do
-  name=${spec%%==*}; version=${spec##*==}
-  stem=$(echo "$name" | tr '.-' '__' | tr 'A-Z' 'a-z')
-  wheel=$(ls "$WORK/wheels" | awk -v s="$stem" -v v="$version" 'tolower($0) ~ "^"s"-"v"-" {print; exit}')
-  [ -n "$wheel" ] || { echo "pack_megatron.sh: no wheel for $spec in $WORK/wheels" >&2; exit 1; }
-  unzip -q -o "$WORK/wheels/$wheel" -d "$WORK/site"
-done
-for data in "$WORK"/site/*.data; do
-  [ -d "$data" ] || continue
-  for lib in purelib platlib; do [ -d "$data/$lib" ] && cp -a "$data/$lib/." "$WORK/site/"; done
-  rm -rf "$data"
-done
+unpack_wheels "$WORK/wheels" "$WORK/site" pack_megatron.sh "${SPECS[@]}"
 find "$WORK/site" -name __pycache__ -type d -prune -exec rm -rf {} +
 test -d "$WORK/site/megatron/core" && test -d "$WORK/site/mbridge"
 

@@ -16,6 +16,7 @@ cd "$(dirname "$0")/../.."
 OUT=${PACK_OUT:-.gpu-packages}
 WORK=${PACK_WORK:-build/gpu-vllm}
 PY=${PYTHON:-python3}
+. scripts/gpu/_wheels.sh  # unpack_wheels
 PART_MB=${PART_MB:-46}
 mkdir -p "$OUT" "$WORK/wheels"
 rm -rf "$WORK/site" && mkdir -p "$WORK/site"
@@ -28,18 +29,7 @@ specs+=("vllm==0.24.0")
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
   -d "$WORK/wheels" "${specs[@]}" 2>&1 | grep -v "^WARNING: Location" || true
 
-for spec in "${specs[@]}"; do
-  name=${spec%%==*}; version=${spec##*==}
-  stem=$(echo "$name" | tr '.-' '__' | tr 'A-Z' 'a-z')
-  wheel=$(ls "$WORK/wheels" | awk -v s="$stem" -v v="$version" 'tolower($0) ~ "^"s"-"v"-" {print; exit}')
-  [ -n "$wheel" ] || { echo "pack_vllm.sh: no wheel for $spec in $WORK/wheels" >&2; exit 1; }
-  unzip -q -o "$WORK/wheels/$wheel" -d "$WORK/site"
-done
-for data in "$WORK"/site/*.data; do
-  [ -d "$data" ] || continue
-  for lib in purelib platlib; do [ -d "$data/$lib" ] && cp -a "$data/$lib/." "$WORK/site/"; done
-  rm -rf "$data"
-done
+unpack_wheels "$WORK/wheels" "$WORK/site" pack_vllm.sh "${specs[@]}"
 rm -f "$WORK/site/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so" "$WORK/site/vllm/vllm-rs"
 find "$WORK/site" -name __pycache__ -type d -prune -exec rm -rf {} +
 
