@@ -31,7 +31,7 @@ from hydra.errors import HydraException
 from hydra.types import HydraContext, RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from recipes import gc_threshold, hydra_cache
+from recipes import hydra_cache
 from recipes.compose import (
     adopt_batching,
     adopt_engine_switch,
@@ -53,16 +53,17 @@ from recipes.defaults import (
 )
 from recipes.envvars import RAY_JOB, getenv
 from recipes.errors import ConfigError, exit_with, report
-from recipes.finalize import finalize
 from recipes.help import SCRIPTS, help_topic, print_help
-from recipes.interrupt import Interrupted, exits_on_ctrl_c
 from recipes.needs import column_problems, engine_notes, machine_notes, train_problems
 from recipes.overrides import has_hydra_flags, with_overrides
 from recipes.ray_jobs import preflight, submit_from_hydra
 from recipes.record.bundle import write_record
 from recipes.record.rundir import Reservation, claim, lock, refuse_location, release, reserve, unlock
 from recipes.resolvers import register_resolvers
-from recipes.resume import plan_resume
+from recipes.run import gc_threshold
+from recipes.run.finalize import finalize
+from recipes.run.interrupt import Interrupted, exits_on_ctrl_c
+from recipes.run.resume import plan_resume
 from recipes.sweep import expand_jobs, job_result, sweep_problems
 from recipes.validate import ValidatedRun, check, validate
 from recipes.verl_ext.verl_tree import changed_defaults_lines, is_verl_script
@@ -206,7 +207,7 @@ def run_composed(app, recipe: str, cfg: DictConfig, notices: list[str]) -> None:
 
     try:
         run_and_report(job)
-    except KeyboardInterrupt as stop:  # training says what it kept (recipes/train.py); before it, the folder stays
+    except KeyboardInterrupt as stop:  # training says what it kept (recipes/run/train.py); before it, the folder stays
         if isinstance(stop, Interrupted):
             raise
         raise Interrupted(f"interrupted (action={OmegaConf.select(cfg, 'action')}); the run folder stays: "
@@ -244,7 +245,7 @@ def pin_run_dir(cfg: DictConfig) -> Reservation:
 
 def pin_resumed(cfg: DictConfig) -> Reservation:
     """``run.resume=<folder>``: the run folder is that one, verl resumes from its last complete checkpoint
-    (recipes.resume), and this launch's record folder (``resume_<n>/``) is reserved."""
+    (recipes.run.resume), and this launch's record folder (``resume_<n>/``) is reserved."""
     typed_path = any(str(o).lstrip("+").startswith("trainer.resume_from_path=") for o in cfg.hydra.overrides.task)
     resume = plan_resume(str(OmegaConf.select(cfg, "run.resume")),
                          stability_auto=OmegaConf.select(cfg, "stability.mode") == "auto",
@@ -449,7 +450,7 @@ def perform(run: ValidatedRun) -> None:
         if code:
             sys.exit(code)
         return
-    from recipes.train import run_training  # lazy: imports verl's trainer and the pack's plugin
+    from recipes.run.train import run_training  # lazy: imports verl's trainer and the pack's plugin
 
     run_training(final)
 

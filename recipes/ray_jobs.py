@@ -37,11 +37,11 @@ from recipes import envvars
 from recipes.confdir import entry_command
 from recipes.defaults import GPU_INTENT
 from recipes.errors import ConfigError
-from recipes.monitor import final_metrics
 from recipes.nccl_env import pack_env
 from recipes.overrides import chosen_keys, override_key
 from recipes.ray_resources import cpus_needed
 from recipes.record.redact import redact_env
+from recipes.run.monitor import final_metrics
 from recipes.schema import Launcher, load_section
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")

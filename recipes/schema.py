@@ -23,7 +23,7 @@ from typing import Literal
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from recipes import gc_threshold
+from recipes.run import gc_threshold
 from recipes.verl_ext.types import MISSING_VALUE, Expect, conforms, describe, expectation
 
 # -- bounds -------------------------------------------------------------------------------------------------------
@@ -430,7 +430,7 @@ class Run(_Checked):
     (recipes.fit; the planner's memory model is an estimate, for experts who know better)"""
     gc_threshold: list[int] | None = field(default_factory=lambda: list(gc_threshold.DEFAULT))
     """Python's garbage-collector thresholds (gen0, gen1, gen2, as gc.set_threshold takes them) in the launcher and
-    in every Ray worker (recipes/gc_threshold.py); null: Python's own (700, 10, 10)"""
+    in every Ray worker (recipes/run/gc_threshold.py); null: Python's own (700, 10, 10)"""
 
     def __post_init__(self):
         _Checked.__post_init__(self)

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from recipes import gc_threshold
+from recipes.run import gc_threshold
 
 ROOT = Path(__file__).resolve().parents[1]
 """The checkout these tests belong to."""
 
-# the suite's own processes collect garbage as a recipe's do (run.gc_threshold's default; recipes/gc_threshold.py):
+# the suite's own processes collect garbage as a recipe's do (run.gc_threshold's default; recipes/run/gc_threshold.py):
 # an in-process recipe run sets it anyway, and a worker that imports torch and verl pays Python's default many times
 gc_threshold.apply(gc_threshold.DEFAULT)
 

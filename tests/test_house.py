@@ -155,14 +155,14 @@ def test_recipes_has_no_import_cycles():
     ("source", "module", "is_package", "expected"),
     [
         ("from recipes.verl_ext import api", "recipes.nccl_env", False, "recipes.verl_ext.api"),
-        ("from recipes.compose import compose_recipe", "recipes.train", False, "recipes.compose"),
-        ("from recipes.verl_ext import nothing", "recipes.train", False, "recipes.verl_ext"),
+        ("from recipes.compose import compose_recipe", "recipes.run.train", False, "recipes.compose"),
+        ("from recipes.verl_ext import nothing", "recipes.run.train", False, "recipes.verl_ext"),
         ("def f():\n    from ..stability import guard", "recipes.verl_ext.plugin.patches", False,
          "recipes.verl_ext.stability.guard"),
         ("from . import api", "recipes.verl_ext", True, "recipes.verl_ext.api"),
         ("from .api import roles", "recipes.verl_ext", True, "recipes.verl_ext.api"),
-        ("import verl.utils", "recipes.train", False, "verl.utils"),
-        ("importlib.import_module('verl')", "recipes.train", False, "verl"),
+        ("import verl.utils", "recipes.run.train", False, "verl.utils"),
+        ("importlib.import_module('verl')", "recipes.run.train", False, "verl"),
     ],
 )
 def test_the_graph_checker_sees_every_kind_of_import(source, module, is_package, expected):

@@ -1,12 +1,12 @@
 """What the pack adds to the ``ray.init`` that verl 0.9.1's ``run_ppo`` makes (``ray.init`` wrapped while it runs).
 
 - Every worker sets the run's garbage-collector thresholds first thing, by Ray's setup hook
-  (``run.gc_threshold``, :mod:`recipes.gc_threshold`).
+  (``run.gc_threshold``, :mod:`recipes.run.gc_threshold`).
 - Secret runtime-env variables reach the workers by the same hook, not by the logged ``env_vars``
   (:mod:`recipes.verl_ext.worker_secrets`).
 - The driver's Python signal handlers stay: ``ray.init`` installs its own SIGTERM handler, which ends the process at
   once, so a scheduler's SIGTERM would skip the pack's clean stop (the last checkpoint and the resume command,
-  recipes/interrupt.py). The handlers in place before the call are put back after it.
+  recipes/run/interrupt.py). The handlers in place before the call are put back after it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import signal
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 
-from recipes import gc_threshold
+from recipes.run import gc_threshold
 from recipes.verl_ext.worker_secrets import setup_hook
 
 KEPT_SIGNALS = (signal.SIGINT, signal.SIGTERM)

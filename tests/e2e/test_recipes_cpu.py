@@ -12,7 +12,7 @@ KL-PPO, weight sync off     its Ray worker          the critic trains (vf_loss >
                               SIGKILLed after       > 0, and the terminal shows it with verl's in-reward coefficient;
                               step 3                the rollout/actor gap is 0 at step 1, then > 100x the synced bound.
                                                     The stop: one line with the worker, the last checkpoint and the
-                                                    resume command (recipes/interrupt.py ``lost_worker_line``)
+                                                    resume command (recipes/run/interrupt.py ``lost_worker_line``)
 
 Without weight sync the rollout keeps the initial weights while the actor trains; what KL-PPO adds (the critic, KL
 to the reference in the reward) is computed by the actor and the critic on whatever was generated, so the run

@@ -10,11 +10,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from recipes import checkpoints as ckpt
 from recipes.errors import ConfigError
 from recipes.record import records
 from recipes.record.records import WriteFailed, disk_full_line, write_atomic
-from recipes.resume import keep_metrics_up_to, plan_resume
+from recipes.run import checkpoints as ckpt
+from recipes.run.resume import keep_metrics_up_to, plan_resume
 from recipes.verl_ext.stability.kl_control import KLControl, KLSettings
 from recipes.verl_ext.stability.tee import MetricsTee
 

@@ -1,6 +1,6 @@
 """A run that ends badly says why in one line, with the last complete checkpoint and the command that goes on
-(recipes/interrupt.py ``lost_worker_line``): a Ray worker lost without ``stability=auto``; a scheduler's SIGTERM taken
-as Ctrl-C (``sigterm_as_interrupt``). Here the line and the signal handling in-process; the line through a real
+(recipes/run/interrupt.py ``lost_worker_line``): a Ray worker lost without ``stability=auto``; a scheduler's SIGTERM
+taken as Ctrl-C (``sigterm_as_interrupt``). Here the line and the signal handling in-process; the line through a real
 training run whose worker is SIGKILLed: tests/e2e/test_recipes_cpu.py; the SIGTERM handler through a real ``ray.init``:
 tests/recipes/verl_ext/test_worker_secrets.py. (A full disk during a checkpoint save: tests/recipes/test_checkpoints.py;
 Ctrl-C: tests/e2e/test_interrupt.py.)"""
@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from recipes.checkpoints import mark_complete
-from recipes.interrupt import lost_worker_line, sigterm_as_interrupt
+from recipes.run.checkpoints import mark_complete
+from recipes.run.interrupt import lost_worker_line, sigterm_as_interrupt
 
 # the exception chain as verl's driver gets it when Ray's worker process of the actor is SIGKILLed (Ray 2.60)
 ACTOR_DIED = """Traceback (most recent call last):

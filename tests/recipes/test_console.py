@@ -9,7 +9,7 @@ import textwrap
 SCRIPT = textwrap.dedent("""
     import subprocess, sys
     from pathlib import Path
-    from recipes.console import verl_output_to_log
+    from recipes.run.console import verl_output_to_log
     log = Path(sys.argv[1])
     print("before", flush=True)
     with verl_output_to_log(log, verbose=sys.argv[2] == "1") as term:

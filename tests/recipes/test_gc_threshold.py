@@ -1,4 +1,4 @@
-"""``run.gc_threshold`` and the freeze at exit (recipes/gc_threshold.py). That a real Ray worker of a run gets the
+"""``run.gc_threshold`` and the freeze at exit (recipes/run/gc_threshold.py). That a real Ray worker of a run gets the
 configured thresholds is checked through verl's ``run_ppo`` in tests/recipes/verl_ext/test_worker_secrets.py."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from recipes import gc_threshold
+from recipes.run import gc_threshold
 from tests.conftest import checkout_env
 
 
@@ -37,7 +37,7 @@ def test_the_worker_hook_sets_the_thresholds_then_runs_the_hook_given_before(res
 
 FREEZE = """
 import atexit, gc
-from recipes import gc_threshold
+from recipes.run import gc_threshold
 before = atexit._ncallbacks()
 gc_threshold.freeze_at_exit()
 gc_threshold.freeze_at_exit()  # once only

@@ -14,7 +14,7 @@ module              what
 ``entropy``         the Clip-Cov / KL-Cov on-policy warning
 ==================  =====================================================================================
 
-:func:`supervise` is what ``recipes/train.py`` calls around verl's ``run_ppo``.
+:func:`supervise` is what ``recipes/run/train.py`` calls around verl's ``run_ppo``.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from recipes.monitor import read_metrics
 from recipes.record.records import write_atomic
+from recipes.run.monitor import read_metrics
 from recipes.schema import Monitor, load_section
 
 

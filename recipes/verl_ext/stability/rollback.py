@@ -5,7 +5,7 @@ torn down with it), so a crashed worker, a killed TaskRunner or an out-of-memory
 After a failure the supervisor classifies it by the exception types and the attempt's exit (:mod:`.faults`:
 ``nan_loss``, ``bands``, ``nan_weights``, ``oom``, ``worker_lost``); anything else (a bug, a bad path) is not
 retried. A retryable failure restarts from the latest *complete* checkpoint in ``trainer.default_local_dir``
-(:mod:`recipes.checkpoints`; a partial or damaged one is named and skipped) with verl's
+(:mod:`recipes.run.checkpoints`; a partial or damaged one is named and skipped) with verl's
 ``trainer.resume_mode=resume_path`` and the next degradation applied on top of the previous ones, in this order:
 ``forward_prefetch`` off; token budgets and micro batches -20%; parameter and optimizer offload on. At most
 ``stability.max_attempts`` restarts. Rows of ``metrics.jsonl`` for steps after that checkpoint move to
@@ -27,12 +27,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from recipes import checkpoints as ckpt
-from recipes import gc_threshold
 from recipes.record import yamlio
 from recipes.record.records import write_atomic
 from recipes.record.redact import redact_config
-from recipes.resume import SUPERSEDED, keep_metrics_up_to
+from recipes.run import checkpoints as ckpt
+from recipes.run import gc_threshold
+from recipes.run.resume import SUPERSEDED, keep_metrics_up_to
 from recipes.schema import DEGRADATIONS, Stability, load_section
 from recipes.verl_ext.stability.faults import RETRYABLE, classify, exit_description
 from recipes.verl_ext.stability.tee import ENV_VARS, LOGGER_ENV, MetricsTee

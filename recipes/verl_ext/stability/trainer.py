@@ -12,7 +12,7 @@ overrides only:
   :class:`~.kl_control.KLControl` updates and its ``kl_control/*`` metrics join the step's;
 - ``_save_checkpoint`` / ``_load_checkpoint``: the controller's state goes into, and comes back from, each
   ``global_step_<n>`` folder (``kl_control.json``), together with verl's in-reward coefficient; after it, the
-  completeness marker (``checkpoint_complete.json``, :mod:`recipes.checkpoints`): only a marked checkpoint counts.
+  completeness marker (``checkpoint_complete.json``, :mod:`recipes.run.checkpoints`): only a marked checkpoint counts.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import os
 
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-from recipes.checkpoints import mark_complete
+from recipes.run.checkpoints import mark_complete
 from recipes.schema import Stability, load_section
 from recipes.verl_ext.stability.bands import RollbackRule, bands_from_config
 from recipes.verl_ext.stability.guard import GUARD_KEY, INJECT_KEY, KL_COEF_KEY, METRICS
@@ -134,7 +134,7 @@ class StabilityTrainer(PPOTrainerSync):
         super()._save_checkpoint()
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
         self.kl_control.save(folder)
-        mark_complete(folder, self.global_steps)  # last: only now does the checkpoint count (recipes.checkpoints)
+        mark_complete(folder, self.global_steps)  # last: only now does the checkpoint count (recipes.run.checkpoints)
 
     def _load_checkpoint(self):
         super()._load_checkpoint()

@@ -1,6 +1,6 @@
 """Where the stability package enters verl 0.9.1: imported in every process that imports verl.
 
-``recipes/train.py`` names this module in ``VERL_USE_EXTERNAL_MODULES``, which verl imports from its own
+``recipes/run/train.py`` names this module in ``VERL_USE_EXTERNAL_MODULES``, which verl imports from its own
 ``__init__`` in the driver and in every Ray worker. Importing it:
 
 1. registers :class:`~recipes.verl_ext.stability.trainer.StabilityTrainer` under ``trainer.v1.trainer_mode=stability``

@@ -1,9 +1,9 @@
 """Ctrl-C (SIGINT) or SIGTERM while training: a clean stop that says what was kept and how to go on.
 
-verl's trainer and Ray are ended (``recipes.train.run_verl`` shuts Ray down on the way out), no traceback is printed,
-and the terminal gets: the last step logged, the last complete checkpoint (the pack's completeness marker,
-:mod:`recipes.checkpoints`), and the command that continues the run in its own folder from it (``run.resume=``,
-:mod:`recipes.resume`: the same step numbering, the KL controller's state, metrics appended). Exit code 130, as a
+verl's trainer and Ray are ended (``recipes.run.train.run_verl`` shuts Ray down on the way out), no traceback is
+printed, and the terminal gets: the last step logged, the last complete checkpoint (the pack's completeness marker,
+:mod:`recipes.run.checkpoints`), and the command that continues the run in its own folder from it (``run.resume=``,
+:mod:`recipes.run.resume`: the same step numbering, the KL controller's state, metrics appended). Exit code 130, as a
 shell gives an interrupted command.
 
 No process started while training outlives it (:func:`sigterm_as_interrupt`): a Ctrl-C while Ray starts (its agents
@@ -29,8 +29,8 @@ from pathlib import Path
 
 import psutil
 
-from recipes.monitor import read_metrics
-from recipes.resume import resumable_checkpoint
+from recipes.run.monitor import read_metrics
+from recipes.run.resume import resumable_checkpoint
 from recipes.verl_ext.stability.faults import classify
 
 EXIT_CODE = 130

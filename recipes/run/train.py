@@ -17,14 +17,14 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from recipes.checkpoints import step_of
 from recipes.confdir import entry_command
-from recipes.console import LOG_NAME, verl_output_to_log
-from recipes.finalize import FinalRun
-from recipes.interrupt import EXIT_CODE, interrupted_lines, lost_worker_line, sigterm_as_interrupt
-from recipes.monitor import KL_KEYS, REWARD_KEYS, ProgressPrinter, first, plot_metrics, read_metrics
 from recipes.record.records import WriteFailed, disk_full_line
-from recipes.resume import SUPERSEDED, keep_metrics_up_to
+from recipes.run.checkpoints import step_of
+from recipes.run.console import LOG_NAME, verl_output_to_log
+from recipes.run.finalize import FinalRun
+from recipes.run.interrupt import EXIT_CODE, interrupted_lines, lost_worker_line, sigterm_as_interrupt
+from recipes.run.monitor import KL_KEYS, REWARD_KEYS, ProgressPrinter, first, plot_metrics, read_metrics
+from recipes.run.resume import SUPERSEDED, keep_metrics_up_to
 from recipes.verl_ext import api as verl
 from recipes.verl_ext.demo import ensure_tiny_assets
 from recipes.verl_ext.plugin.patches import require_supported_verl

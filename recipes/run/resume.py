@@ -1,6 +1,6 @@
 """``run.resume=<run folder>``: continue a run in its own folder.
 
-The run goes on from the folder's last complete checkpoint (:mod:`recipes.checkpoints`) with verl's
+The run goes on from the folder's last complete checkpoint (:mod:`recipes.run.checkpoints`) with verl's
 ``trainer.resume_mode=resume_path``: the same step numbering, the KL controller's state (``kl_control.json``), the
 same ``checkpoints/``. Each launch keeps its own record: the first one's ``resolved_config.yaml`` and ``repro/``
 stay as they are, resume ``<n>`` writes its own in ``resume_<n>/`` (created exclusively, so two resumes of one
@@ -20,9 +20,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from recipes import checkpoints as ckpt
 from recipes.errors import ConfigError
 from recipes.record.records import write_atomic
+from recipes.run import checkpoints as ckpt
 
 RECORD = "resolved_config.yaml"
 PREFIX = "resume_"

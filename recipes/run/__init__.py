@@ -1,0 +1,1 @@
+"""The run: finalize, train, resume, and what the terminal shows meanwhile."""
