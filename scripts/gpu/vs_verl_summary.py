@@ -59,13 +59,15 @@ def ratios(arms: dict[str, dict]) -> dict[str, dict]:
 
 def table(arms: dict[str, dict]) -> list[str]:
     head = ("| arm | GPU | exit | first step done | steady steps | steady step | " + " | ".join(PARTS)
-            + " | response tok/s/GPU | peak GPU |")
+            + " | response tok/s/GPU | peak GPU | peak host |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for arm, fig in arms.items():
         parts = " | ".join(_fmt(fig["parts_s"].get(part)) for part in PARTS)
+        host = fig.get("peak_host_gib")
         lines.append(f"| {arm} | {fig['gpu']} | {fig['exit']} | {_fmt(fig['first_step_done_s'], 1)} s | "
-                     f"{fig.get('steady_steps', '-')} | {_fmt(fig['step_s'])} s | {parts} | {_fmt(fig['response_tokens_per_s_per_gpu'], 0)} | "
-                     f"{_fmt(fig['peak_gpu_gib'], 1)} GiB |")
+                     f"{fig.get('steady_steps', '-')} | {_fmt(fig['step_s'])} s | {parts} | "
+                     f"{_fmt(fig['response_tokens_per_s_per_gpu'], 0)} | {_fmt(fig['peak_gpu_gib'], 1)} GiB | "
+                     f"{'-' if host is None else _fmt(host, 1) + ' GiB'} |")
     return lines
 
 
