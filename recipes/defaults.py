@@ -78,7 +78,8 @@ def embedded_defaults(argv: list[str], accelerator: bool, recipe_strategy: str |
     """The overrides to add for the embedded CPU default: none on a GPU machine, when a layout was chosen, or for a
     strategy whose engine needs GPUs (the embedded default trains with FSDP2 on CPU)."""
     chosen = chosen_keys(argv)
-    # launcher=ray: the run goes to an existing cluster, whose hardware is not this machine's (recipes/ray_jobs.py)
+    # launcher=ray: the run goes to an existing cluster, whose hardware is not this machine's
+    # (recipes/cluster/ray_jobs.py)
     if (accelerator or chooses_layout(argv) or "launcher=ray" in argv or gpu_only_strategy(argv, recipe_strategy)
             or gpu_only_rollout(argv)):
         return []

@@ -32,6 +32,8 @@ from hydra.types import HydraContext, RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from recipes import hydra_cache
+from recipes.cluster.ray_jobs import preflight, submit_from_hydra
+from recipes.cluster.sweep import expand_jobs, job_result, sweep_problems
 from recipes.compose import (
     adopt_batching,
     adopt_engine_switch,
@@ -56,7 +58,6 @@ from recipes.errors import ConfigError, exit_with, report
 from recipes.help import SCRIPTS, help_topic, print_help
 from recipes.needs import column_problems, engine_notes, machine_notes, train_problems
 from recipes.overrides import has_hydra_flags, with_overrides
-from recipes.ray_jobs import preflight, submit_from_hydra
 from recipes.record.bundle import write_record
 from recipes.record.rundir import Reservation, claim, lock, refuse_location, release, reserve, unlock
 from recipes.resolvers import register_resolvers
@@ -64,7 +65,6 @@ from recipes.run import gc_threshold
 from recipes.run.finalize import finalize
 from recipes.run.interrupt import Interrupted, exits_on_ctrl_c
 from recipes.run.resume import plan_resume
-from recipes.sweep import expand_jobs, job_result, sweep_problems
 from recipes.validate import ValidatedRun, check, validate
 from recipes.verl_ext.verl_tree import changed_defaults_lines, is_verl_script
 
@@ -269,7 +269,7 @@ def set_run_dir(cfg: DictConfig, run_dir: str) -> None:
 
 def check_sweep(recipe: str, argv: list[str]) -> None:
     """A ``-m`` sweep, before Hydra reserves its folder or starts a job: each job, as Hydra's sweeper splits the
-    command line (recipes.sweep.expand_jobs), composed and checked as a single run is (:func:`checked_run`). Any
+    command line (recipes.cluster.sweep.expand_jobs), composed and checked as a single run is (:func:`checked_run`). Any
     problem refuses the whole sweep: ConfigError with one line per problem, each naming its job by its swept values
     (a problem of every job once). Hydra's other flags (``--cfg``, ``--info``, a config folder of its own, another
     sweeper) are left to Hydra."""
@@ -356,7 +356,8 @@ def task_config(cfg: DictConfig) -> DictConfig:
 
 def execute(cfg: DictConfig) -> dict | None:
     """One job under ``@hydra.main``: validate, then perform. Config problems exit 2. In a ``-m`` sweep a failing
-    job is reported and the next one runs: the job's outcome is its return value (recipes.sweep sums them up)."""
+    job is reported and the next one runs: the job's outcome is its return value (recipes.cluster.sweep sums them
+    up)."""
     if not (HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN):
         try:
             perform(checked_run(cfg))

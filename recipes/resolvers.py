@@ -9,7 +9,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from recipes import parse_memo
-from recipes.ray_resources import cpus_needed
+from recipes.cluster.ray_resources import cpus_needed
 
 _ASSET_FIELDS = {
     # key -> field of recipes.verl_ext.demo.TinyAssets (built on first use, then cached)

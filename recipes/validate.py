@@ -30,6 +30,7 @@ from hybrid_engine.model_spec import (
     shipped_name_of_hub_id,
 )
 from hybrid_engine.plan.settings import FSDP_FAMILY
+from recipes.cluster.ray_resources import resource_problems
 from recipes.confdir import recipe_defaults
 from recipes.errors import ConfigError
 from recipes.fit import check_memory
@@ -37,7 +38,6 @@ from recipes.layout_keys import Adoption, adopt, find_adoptions
 from recipes.lookups import lookup_problems, lookup_warnings, registry_problems
 from recipes.overrides import override_key, override_value
 from recipes.plan import ARTICLE_FACTORS, BUDGET_FALLBACKS
-from recipes.ray_resources import resource_problems
 from recipes.schema import PackConfig, check_schema, depends_on, resolve
 from recipes.verl_ext import api as verl
 from recipes.verl_ext import names as verl_names

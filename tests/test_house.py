@@ -143,7 +143,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_graph_covers_the_package():
     graph = _graph()
     assert {"recipes", "recipes.launch", "recipes.verl_ext.api", "recipes.verl_ext.plugin"} <= set(graph)
-    assert "recipes.verl_ext.api" in graph["recipes.nccl_env"]
+    assert "recipes.verl_ext.api" in graph["recipes.cluster.nccl_env"]
 
 
 def test_recipes_has_no_import_cycles():
@@ -154,7 +154,7 @@ def test_recipes_has_no_import_cycles():
 @pytest.mark.parametrize(
     ("source", "module", "is_package", "expected"),
     [
-        ("from recipes.verl_ext import api", "recipes.nccl_env", False, "recipes.verl_ext.api"),
+        ("from recipes.verl_ext import api", "recipes.cluster.nccl_env", False, "recipes.verl_ext.api"),
         ("from recipes.compose import compose_recipe", "recipes.run.train", False, "recipes.compose"),
         ("from recipes.verl_ext import nothing", "recipes.run.train", False, "recipes.verl_ext"),
         ("def f():\n    from ..stability import guard", "recipes.verl_ext.plugin.patches", False,

@@ -38,7 +38,8 @@ class RayJobsLauncherConf:
     # compose and validate each job here before submitting it (a bad job is reported, the others run); the recipes'
     # own command line has refused a sweep with a bad job before the launcher starts (recipes.launch.check_sweep)
     validate_first: bool = True
-    # resources one job holds, e.g. {GPU: 8, CPU: 32}; null: derived from each job (see recipes.ray_jobs.job_demand)
+    # resources one job holds, e.g. {GPU: 8, CPU: 32}; null: derived from each job
+    # (see recipes.cluster.ray_jobs.job_demand)
     resources_per_job: Any | None = None
     # seconds between status polls
     poll_s: float = 2.0
@@ -70,7 +71,7 @@ class RayJobsLauncher(Launcher):
         self.task_function = task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from recipes import ray_jobs
+        from recipes.cluster import ray_jobs
         from recipes.errors import ConfigError, exit_with
 
         setup_globals()
@@ -118,7 +119,7 @@ class RayJobsLauncher(Launcher):
 
     def _prepare(self, num: int, overrides: list[str], sweep_dir: Path, recipe: str):
         """Compose (and validate) one job here; its JobSpec (with `error` set when it cannot run)."""
-        from recipes import ray_jobs
+        from recipes.cluster import ray_jobs
         from recipes.compose import explain_hydra_error
         from recipes.errors import ConfigError
 

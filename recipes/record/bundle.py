@@ -8,7 +8,7 @@
   secrets redacted (the policy of recipes/record/redact.py: WANDB_API_KEY, HF_TOKEN, *_PASSWORD, key-shaped values and
   passwords inside URLs);
 - ``../nccl_env.json``: the variables every Ray worker gets, where each comes from, and their conflicts
-  (recipes.nccl_env).
+  (recipes.cluster.nccl_env).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from recipes.cluster.nccl_env import WorkerEnv, record_lines
+from recipes.cluster.nccl_env import write_record as write_nccl_record
 from recipes.confdir import entry_command
-from recipes.nccl_env import WorkerEnv, record_lines
-from recipes.nccl_env import write_record as write_nccl_record
 from recipes.record import yamlio
 from recipes.record.gitstate import git_state
 from recipes.record.redact import redact_arg, redact_config, redact_env

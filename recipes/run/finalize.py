@@ -21,8 +21,8 @@ import psutil
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from recipes import envvars
+from recipes.cluster.nccl_env import ENV_KEY, WorkerEnv, adapt_ray_init, worker_env
 from recipes.errors import ConfigError
-from recipes.nccl_env import ENV_KEY, WorkerEnv, adapt_ray_init, worker_env
 from recipes.validate import ValidatedRun
 from recipes.verl_ext import api as verl
 from recipes.verl_ext.stability import HOOKS_MODULE

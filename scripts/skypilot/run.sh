@@ -34,7 +34,7 @@ if [[ "$rank" != "0" ]]; then
 fi
 ray_running_here || run env NODE_IP="$head_ip" RAY_PORT="$RAY_PORT" DASHBOARD_PORT="$DASHBOARD_PORT" \
     NUM_GPUS="$gpus" bash "$HERE/../ray_head.sh"
-run "$PYTHON" -m recipes.ray_jobs wait --address "$head_ip:$RAY_PORT" --nodes "$nnodes"
+run "$PYTHON" -m recipes.cluster.ray_jobs wait --address "$head_ip:$RAY_PORT" --nodes "$nnodes"
 args=("$@")
 given=" $* "
 [[ "$given" == *" cluster.nnodes="* ]] || args+=("cluster.nnodes=$nnodes")

@@ -69,8 +69,8 @@ def _stop(proc: subprocess.Popen, marker: str) -> None:
 
 @pytest.fixture(scope="session")
 def ray_cluster():
+    from recipes.cluster.ray_jobs import cluster_resources, connect
     from recipes.errors import ConfigError
-    from recipes.ray_jobs import cluster_resources, connect
 
     gcs, dashboard, client, agent, agent_grpc, runtime_env, metrics, node_manager, object_manager = _free_ports(9)
     # Ray's socket paths must stay short: a short folder under /tmp

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from recipes import ray_jobs
+from recipes.cluster import ray_jobs
 from recipes.compose import compose_recipe
 
 pytestmark = pytest.mark.ray
@@ -34,7 +34,7 @@ def test_nccl_map_reaches_a_ray_worker(ray_cluster, tmp_path):
     runtime_env = ray_jobs.job_runtime_env(cfg, launch)
     assert runtime_env["working_dir"] == str(launch)
     out = tmp_path / "worker_env.json"
-    command = f"python -m recipes.nccl_env --probe {out} grpo {' '.join(CPU)} nccl=ib"
+    command = f"python -m recipes.cluster.nccl_env --probe {out} grpo {' '.join(CPU)} nccl=ib"
     client = ray_jobs.connect(ray_cluster.address)
     job_id = client.submit_job(entrypoint=command, runtime_env=runtime_env)
     info = ray_jobs.follow(client, job_id, tmp_path / "job.log", echo=False, timeout_s=600)

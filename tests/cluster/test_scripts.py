@@ -51,7 +51,7 @@ def test_slurm_dry_run_boots_ray_on_every_node_and_runs_the_recipe():
                     f"DASHBOARD_PORT=8265 NUM_GPUS=8 {SCRIPTS}/ray_head.sh --block &")
     assert workers == [f"+ srun --nodes=1 --ntasks=1 --overlap -w gpu0{n} env NUM_GPUS=8 {SCRIPTS}/ray_worker.sh "
                        f"gpu07:6379 --block &" for n in (8, 9)]
-    assert wait == "+ python -m recipes.ray_jobs wait --address gpu07:6379 --nodes 3 --timeout 300"
+    assert wait == "+ python -m recipes.cluster.ray_jobs wait --address gpu07:6379 --nodes 3 --timeout 300"
     assert recipe == ("+ env RAY_ADDRESS=gpu07:6379 python -m recipes.grpo nccl=ib cluster.nnodes=3 "
                       "cluster.gpus_per_node=8")
 
@@ -79,7 +79,7 @@ def test_skypilot_dry_run_head_and_worker():
     here = SCRIPTS / "skypilot"
     assert head == [
         f"+ env NODE_IP=10.0.0.1 RAY_PORT=6379 DASHBOARD_PORT=8265 NUM_GPUS=8 bash {here}/../ray_head.sh",
-        "+ python -m recipes.ray_jobs wait --address 10.0.0.1:6379 --nodes 2",
+        "+ python -m recipes.cluster.ray_jobs wait --address 10.0.0.1:6379 --nodes 2",
         "+ env RAY_ADDRESS=10.0.0.1:6379 python -m recipes.grpo nccl=ib cluster.nnodes=2 cluster.gpus_per_node=8",
     ]
     worker = _dry(SCRIPTS / "skypilot" / "run.sh", "grpo", SKYPILOT_NODE_RANK="1", SKYPILOT_NODE_IPS=ips,

@@ -9,9 +9,9 @@ import subprocess
 import pytest
 from omegaconf import OmegaConf
 
+from recipes.cluster.nccl_env import worker_env
 from recipes.compose import compose_recipe
 from recipes.defaults import embedded_defaults
-from recipes.nccl_env import worker_env
 from recipes.record.bundle import collect, write_record
 from recipes.record.gitstate import git_state
 from recipes.record.redact import REDACTED, is_secret_name, redact_arg, redact_config, redact_env

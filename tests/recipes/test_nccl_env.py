@@ -7,10 +7,10 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
+from recipes.cluster.nccl_env import ray_init_runtime_env, verl_runtime_env, worker_env
 from recipes.compose import compose_recipe
 from recipes.defaults import embedded_defaults
 from recipes.errors import ConfigError
-from recipes.nccl_env import ray_init_runtime_env, verl_runtime_env, worker_env
 from recipes.record.bundle import write_record
 from recipes.run.finalize import finalize
 from recipes.validate import validate

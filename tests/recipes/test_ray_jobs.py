@@ -1,5 +1,5 @@
-"""recipes.ray_jobs without a cluster: addresses, what a job runs, resources per job, and the sweep scheduler against a
-fake Ray Jobs client (as many at once as the free resources allow, failures reported, the others run)."""
+"""recipes.cluster.ray_jobs without a cluster: addresses, what a job runs, resources per job, and the sweep scheduler
+against a fake Ray Jobs client (as many at once as the free resources allow, failures reported, the others run)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,7 @@ from types import SimpleNamespace
 import pytest
 from omegaconf import OmegaConf
 
-from recipes.compose import compose_recipe
-from recipes.defaults import embedded_defaults
-from recipes.errors import ConfigError
-from recipes.ray_jobs import (
+from recipes.cluster.ray_jobs import (
     JobSpec,
     connect,
     dashboard_url,
@@ -26,6 +23,9 @@ from recipes.ray_jobs import (
     run_sweep,
     summary_table,
 )
+from recipes.compose import compose_recipe
+from recipes.defaults import embedded_defaults
+from recipes.errors import ConfigError
 
 CPU = embedded_defaults([], accelerator=False)  # parallel=cpu cluster=cpu rollout=hf model=tiny task=tiny
 

@@ -174,8 +174,8 @@ def test_a_run_name_too_long_blames_run_name_and_leaves_no_runs_folder(tmp_path,
 
 
 def test_the_ray_job_the_pack_submitted_writes_into_the_folder_it_reserved(tmp_path, recipe_main):
-    # the launcher (recipes/ray_jobs.py) reserves the run folder and writes its record and job.json there, then the
-    # job's driver on the cluster runs with hydra.run.dir=<that folder> (a shared file system: the same folder)
+    # the launcher (recipes/cluster/ray_jobs.py) reserves the run folder and writes its record and job.json there, then
+    # the job's driver on the cluster runs with hydra.run.dir=<that folder> (a shared file system: the same folder)
     folder = tmp_path / "runs" / "grpo" / "2026-12-01_12-00-00"
     folder.mkdir(parents=True)
     (folder / "job.json").write_text("{}\n")

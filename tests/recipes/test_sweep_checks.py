@@ -8,7 +8,7 @@ import hydra
 import pytest
 
 from recipes import launch
-from recipes.sweep import expand_jobs, sweep_problems
+from recipes.cluster.sweep import expand_jobs, sweep_problems
 
 ISSUE_GROUP = "config error: job 0 (kl=fixd): kl=fixd: no such option; choose from adaptive, fixed, ramp"
 ISSUE_KEY = ("config error: every job: actor_rollout_ref.actor.optim.lrr: no such key (did you mean "

@@ -65,7 +65,7 @@ def test_the_token_reaches_a_worker_through_verls_run_ppo_and_no_log_holds_it(tm
     with tempfile.TemporaryDirectory(prefix="rs", dir="/tmp") as ray_tmp:
         out = tmp_path / "worker_env.json"
         proc = subprocess.run(
-            [sys.executable, "-m", "recipes.nccl_env", "--probe", str(out), "grpo",
+            [sys.executable, "-m", "recipes.cluster.nccl_env", "--probe", str(out), "grpo",
              f"+{ENV_KEY}.HF_TOKEN={PLANTED}", "run.gc_threshold=[12345,6,7]"],
             cwd=tmp_path, env=checkout_env({"RAY_TMPDIR": ray_tmp}), capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]

@@ -7,8 +7,8 @@ the pack puts the nccl/ map). Ray sets those variables in every worker process o
 the same merge in the driver (with verl's own function), says where each value comes from, reports what conflicts,
 and writes it to the run folder:
 
-    python -m recipes.nccl_env grpo nccl=ib strategy=megatron parallel=tp8      # what the workers will get
-    python -m recipes.nccl_env --probe out.json grpo nccl=ib                    # ... and what a real Ray worker sees
+    python -m recipes.cluster.nccl_env grpo nccl=ib strategy=megatron parallel=tp8   # what the workers will get
+    python -m recipes.cluster.nccl_env --probe out.json grpo nccl=ib                 # ... and what a Ray worker sees
 
 Conflicts it reports: a preset value that replaces one verl forces; a launching-shell value that the workers do not
 get (the runtime env wins, or, on an existing cluster, the shell is not forwarded at all while verl skips its default
@@ -361,13 +361,14 @@ def adapt_ray_init(cfg: DictConfig, environ: Mapping[str, str] | None = None) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m recipes.nccl_env [--probe OUT.json] RECIPE [overrides]``: print the worker env and conflicts."""
+    """``python -m recipes.cluster.nccl_env [--probe OUT.json] RECIPE [overrides]``: print the worker env and
+    conflicts."""
     argv = list(sys.argv[1:] if argv is None else argv)
     out = None
     if argv[:1] == ["--probe"]:
         out, argv = argv[1], argv[2:]
     if not argv:
-        print("usage: python -m recipes.nccl_env [--probe OUT.json] RECIPE [overrides]", file=sys.stderr)
+        print("usage: python -m recipes.cluster.nccl_env [--probe OUT.json] RECIPE [overrides]", file=sys.stderr)
         return 2
     try:
         cfg = compose_recipe(argv[0], argv[1:])

@@ -10,8 +10,8 @@ runtime env (verl's defaults + the same map) merges with the job's instead of be
 Sweeps: :func:`run_sweep` submits each job as its own Ray Job and keeps as many running as the cluster's free GPUs
 (CPUs for CPU jobs) allow, records each job's status, exit code and run folder, and never stops on a failure.
 
-    python -m recipes.ray_jobs resources --address http://HEAD:8265     # total and free resources of a cluster
-    python -m recipes.ray_jobs wait --address HEAD:6379 --nodes 4       # until 4 nodes are alive (the scripts use it)
+    python -m recipes.cluster.ray_jobs resources --address http://HEAD:8265   # total and free resources of a cluster
+    python -m recipes.cluster.ray_jobs wait --address HEAD:6379 --nodes 4     # until 4 nodes are alive (scripts use it)
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from recipes import envvars
+from recipes.cluster.nccl_env import pack_env
+from recipes.cluster.ray_resources import cpus_needed
 from recipes.confdir import entry_command
 from recipes.defaults import GPU_INTENT
 from recipes.errors import ConfigError
-from recipes.nccl_env import pack_env
 from recipes.overrides import chosen_keys, override_key
-from recipes.ray_resources import cpus_needed
 from recipes.record.redact import redact_env
 from recipes.run.monitor import final_metrics
 from recipes.schema import Launcher, load_section
@@ -220,7 +220,7 @@ def job_demand(cfg: DictConfig, per_job: dict | None = None) -> dict[str, float]
     world = int(OmegaConf.select(cfg, "cluster.nnodes", default=1)) * int(
         OmegaConf.select(cfg, "cluster.gpus_per_node", default=1))
     declared = OmegaConf.select(cfg, "ray_kwargs.ray_init.num_cpus", default=None)
-    # verl's own CPUs for the ranks (recipes.ray_resources), and 2 more for the job's driver and its start-up
+    # verl's own CPUs for the ranks (recipes.cluster.ray_resources), and 2 more for the job's driver and its start-up
     cpus = float(declared) if declared else float(cpus_needed(world) + 2)
     return {"GPU": float(world), "CPU": cpus}
 
@@ -533,7 +533,7 @@ def wait_for_nodes(address: str, nodes: int, timeout_s: float = 300.0, poll_s: f
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m recipes.ray_jobs")
+    parser = argparse.ArgumentParser(prog="python -m recipes.cluster.ray_jobs")
     sub = parser.add_subparsers(dest="command", required=True)
     res = sub.add_parser("resources", help="total and free CPUs/GPUs of a cluster (Ray Jobs API address)")
     res.add_argument("--address", default=os.environ.get("RAY_ADDRESS"))

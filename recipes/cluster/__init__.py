@@ -1,0 +1,1 @@
+"""The cluster: Ray Jobs, the Ray resources a run declares, the workers' NCCL environment, sweeps."""
