@@ -42,7 +42,7 @@ def chooses_layout(argv: list[str]) -> bool:
         return True
     typed = {override_key(arg) for arg in argv if not arg.startswith("~")}
     if _typed(argv, "plan.solve") == "true" and _typed(argv, "action") == "plan":
-        return True  # the layout search (recipes/solve.py) chooses a GPU layout for the chosen cluster
+        return True  # the layout search (recipes/check/solve.py) chooses a GPU layout for the chosen cluster
     return bool(typed & set(GPU_INTENT_KEYS))
 
 

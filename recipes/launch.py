@@ -32,6 +32,8 @@ from hydra.types import HydraContext, RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from recipes import hydra_cache
+from recipes.check.needs import column_problems, engine_notes, machine_notes, train_problems
+from recipes.check.validate import ValidatedRun, check, validate
 from recipes.cluster.ray_jobs import preflight, submit_from_hydra
 from recipes.cluster.sweep import expand_jobs, job_result, sweep_problems
 from recipes.compose import (
@@ -56,7 +58,6 @@ from recipes.defaults import (
 from recipes.envvars import RAY_JOB, getenv
 from recipes.errors import ConfigError, exit_with, report
 from recipes.help import SCRIPTS, help_topic, print_help
-from recipes.needs import column_problems, engine_notes, machine_notes, train_problems
 from recipes.overrides import has_hydra_flags, with_overrides
 from recipes.record.bundle import write_record
 from recipes.record.rundir import Reservation, claim, lock, refuse_location, release, reserve, unlock
@@ -65,7 +66,6 @@ from recipes.run import gc_threshold
 from recipes.run.finalize import finalize
 from recipes.run.interrupt import Interrupted, exits_on_ctrl_c
 from recipes.run.resume import plan_resume
-from recipes.validate import ValidatedRun, check, validate
 from recipes.verl_ext.verl_tree import changed_defaults_lines, is_verl_script
 
 ACTIONS = ("validate", "plan", "train")
@@ -399,7 +399,7 @@ def checked_run(cfg: DictConfig) -> ValidatedRun:
 
 def machine_needs(run: ValidatedRun, action: str) -> ValidatedRun:
     """``action=train`` here (launcher=local) stops on an engine package that is not importable or a GPU layout
-    this machine cannot hold, a missing data file or a checkpoint folder it cannot write (recipes/needs.py);
+    this machine cannot hold, a missing data file or a checkpoint folder it cannot write (recipes/check/needs.py);
     validate and plan note them (a run can be checked here for a cluster)."""
     columns = column_problems(run.cfg)  # a file that is here and lacks a column is wrong everywhere
     if columns:
@@ -435,7 +435,7 @@ def perform(run: ValidatedRun) -> None:
     for line in write_record(record_dir, final.cfg, final.workers, recipe_name(), hydra_overrides()):
         print(line, file=sys.stderr)
     if action == "plan":
-        from recipes.plan import run_plan  # lazy: matplotlib and the planner load only for a plan
+        from recipes.check.plan import run_plan  # lazy: matplotlib and the planner load only for a plan
 
         code = run_plan(run)
         if code:

@@ -7,7 +7,7 @@ over; two thirds of a full resolution was parsing (the same strings each time). 
 of each string (at most :data:`KEPT` of them, least recently used out first): a tree is only read by OmegaConf's
 visitor, the tokens keep their own input, and a string that does not parse is parsed (and raises) each time.
 Measured on a 2-core machine, 2026-12-05, the KL-PPO recipe's default (medians of 5, two rounds alike): a full
-resolution 75 -> 27 ms, ``recipes.validate.validate`` 260 -> 187 ms; a composition is unchanged (~250 ms: Hydra's
+resolution 75 -> 27 ms, ``recipes.check.validate.validate`` 260 -> 187 ms; a composition is unchanged (~250 ms: Hydra's
 merges take the regex path). ``tests/recipes/test_parse_memo.py`` checks the resolutions are the same.
 
 Pinned to omegaconf 2.3: ``omegaconf.grammar_parser.parse``, as ``omegaconf.base``, ``omegaconf._utils`` and

@@ -47,20 +47,20 @@ def _megatron_only(strategy: str, degree) -> int:
 
 def _token_budget(factor, max_prompt_length, max_response_length, role="actor", *, _root_=None) -> int:
     """Tokens per GPU per micro-batch of ``role`` (actor, logprob, critic): factor * (max_prompt_length +
-    max_response_length), rounded down; a null factor: the memory model's auto budget (recipes.budget)."""
-    from recipes.budget import token_budget  # lazy: the planner loads only for a config that asks for it
+    max_response_length), rounded down; a null factor: the memory model's auto budget (recipes.check.budget)."""
+    from recipes.check.budget import token_budget  # lazy: the planner loads only for a config that asks for it
 
     return token_budget(str(role), factor, max_prompt_length, max_response_length, _root_)
 
 
 def _engine_share(share, *, _root_=None) -> float:
-    from recipes.budget import engine_memory_share  # lazy: the planner loads only for a config that asks for it
+    from recipes.check.budget import engine_memory_share  # lazy: the planner loads only for a config that asks for it
 
     return engine_memory_share(share, _root_)
 
 
 def _engine_graphs(graphs, *, _root_=None):
-    from recipes.budget import engine_graph_sizes  # lazy: as the share
+    from recipes.check.budget import engine_graph_sizes  # lazy: as the share
 
     sizes = engine_graph_sizes(graphs, _root_)
     return OmegaConf.create(list(sizes)) if isinstance(sizes, list) else sizes

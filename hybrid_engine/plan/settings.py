@@ -1,6 +1,6 @@
 """Inputs of the plan besides the layouts: the cluster (``ClusterSpec``) and the run's settings (``PlanSettings``).
 
-The recipes fill both from the Hydra config (recipes/plan.py); every field has a default so tests and scripts can
+The recipes fill both from the Hydra config (recipes/check/plan.py); every field has a default so tests and scripts can
 build them small.
 """
 

@@ -136,7 +136,7 @@ class RayJobsLauncher(Launcher):
         run_cfg = OmegaConf.masked_copy(job_cfg, [k for k in job_cfg.keys() if k != "hydra"])
         try:
             if self.validate_first and OmegaConf.select(run_cfg, "action") != "plan":
-                from recipes.validate import validate
+                from recipes.check.validate import validate
 
                 validate(run_cfg)
             choice = OmegaConf.select(job_cfg, "hydra.runtime.choices.cluster", default=None)

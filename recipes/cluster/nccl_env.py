@@ -30,10 +30,10 @@ from unittest import mock
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from recipes.check.schema import NCCL, load_section
 from recipes.compose import compose_recipe
 from recipes.errors import ConfigError, exit_with
 from recipes.record.redact import redact_env
-from recipes.schema import NCCL, load_section
 from recipes.verl_ext import api as verl
 
 VERL_VERSION = "0.9.1"  # the run_ppo logic mirrored here (ray init, determinism, transfer queue) is verl 0.9.1's

@@ -34,6 +34,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from recipes import envvars
+from recipes.check.schema import Launcher, load_section
 from recipes.cluster.nccl_env import pack_env
 from recipes.cluster.ray_resources import cpus_needed
 from recipes.confdir import entry_command
@@ -42,7 +43,6 @@ from recipes.errors import ConfigError
 from recipes.overrides import chosen_keys, override_key
 from recipes.record.redact import redact_env
 from recipes.run.monitor import final_metrics
-from recipes.schema import Launcher, load_section
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 JOB_LOG = "job.log"

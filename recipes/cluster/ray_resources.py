@@ -7,7 +7,7 @@ none once running). Below that, Ray waits for the resources forever: with ``ray_
 one rank the embedded default hung at its first step; with 5 it trained (2026-12-04, this 2-core machine).
 
 Only where the run starts its own Ray cluster: joining one (``ray_kwargs.ray_init.address``, ``RAY_ADDRESS``),
-the cluster's resources decide, and ``action=train`` checks what it can there (recipes/needs.py).
+the cluster's resources decide, and ``action=train`` checks what it can there (recipes/check/needs.py).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def resource_problems(cfg: DictConfig, world: int) -> list[str]:
         return []
     nnodes = OmegaConf.select(cfg, "cluster.nnodes", default=1)
     if nnodes != 1:
-        return []  # several nodes start no cluster here: recipes/needs.py refuses a GPU layout without one
+        return []  # several nodes start no cluster here: recipes/check/needs.py refuses a GPU layout without one
     problems = []
     cpus = OmegaConf.select(cfg, "ray_kwargs.ray_init.num_cpus", default=None)
     if _number(cpus) and cpus < cpus_needed(world):

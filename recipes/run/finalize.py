@@ -21,9 +21,9 @@ import psutil
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from recipes import envvars
+from recipes.check.validate import ValidatedRun
 from recipes.cluster.nccl_env import ENV_KEY, WorkerEnv, adapt_ray_init, worker_env
 from recipes.errors import ConfigError
-from recipes.validate import ValidatedRun
 from recipes.verl_ext import api as verl
 from recipes.verl_ext.stability import HOOKS_MODULE
 

@@ -15,8 +15,8 @@ import types
 import warnings
 from typing import Literal, get_args
 
+from recipes.check.schema import Run, load_section
 from recipes.run import gc_threshold
-from recipes.schema import Run, load_section
 from recipes.verl_ext.early_start import EarlyStart, close_transfer_queue
 from recipes.verl_ext.ray_init import pack_ray_init
 from recipes.verl_ext.worker_secrets import take_secrets

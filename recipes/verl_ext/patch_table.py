@@ -227,7 +227,7 @@ PATCHES: tuple[Patch, ...] = (
           "validate_config runs and only where vLLM is not installed",
           "verl checks a LoRA rank by importing its vLLM rollout utilities, which import vLLM: on a machine without "
           "vLLM it fails before checking anything", VERL),
-    # ---- read only: verl's registries, read to check names before Ray starts (for recipes/lookups.py, issue 49) ---
+    # ---- read only: verl's registries, read to check names before Ray starts (recipes/check/lookups.py, issue 49) ----
     Patch("recipes/verl_ext/registries.py", "verl.workers.rollout.replica.RolloutReplicaRegistry._registry",
           "read: its names (the rollout engines verl can start a server for)",
           "actor_rollout_ref.rollout.name is looked up there only in a worker after Ray starts; the registry has no "

@@ -1,6 +1,7 @@
-"""verl 0.9.1's registries, read to check names before Ray starts (recipes/lookups.py, issue 49): the rollout engines,
-the reward managers and the devices verl can start. Read only; each read is a row of recipes/verl_ext/patch_table.py.
-Each function imports verl (seconds), so validation calls them in its verl phase only."""
+"""verl 0.9.1's registries, read to check names before Ray starts (recipes/check/lookups.py, issue 49): the rollout
+engines, the reward managers and the devices verl can start. Read only; each read is a row of
+recipes/verl_ext/patch_table.py. Each function imports verl (seconds), so validation calls them in its verl phase
+only."""
 
 from __future__ import annotations
 

@@ -19,8 +19,8 @@ unpadded inside attention, as transformers' flash_attention_2 does). So attentio
 the difference is what padding costs the linear layers and the logits, and the micro-batch count.
 
 Per arm: tokens/s of each pass (real tokens, not padding), peak memory (``torch.cuda.max_memory_allocated``) and the
-planner's prediction for the same config (``recipes.plan.plan_settings`` -> ``hybrid_engine.plan.memory``), plus the
-log-probs of both arms compared on the same weights.
+planner's prediction for the same config (``recipes.check.plan.plan_settings`` -> ``hybrid_engine.plan.memory``), plus
+the log-probs of both arms compared on the same weights.
 """
 
 from __future__ import annotations
@@ -223,7 +223,7 @@ def planned(cfg) -> dict:
     from hybrid_engine.layout import InferLayout, TrainLayout
     from hybrid_engine.model_spec import build_spec, load_arch
     from hybrid_engine.plan.memory import estimate_memory
-    from recipes.plan import cluster_spec, plan_settings
+    from recipes.check.plan import cluster_spec, plan_settings
 
     settings = plan_settings(cfg, has_critic=False, has_ref=False)
     settings = dataclasses.replace(settings, free_cache_engine=True)

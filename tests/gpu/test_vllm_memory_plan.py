@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from recipes.check.plan import make_plan
+from recipes.check.validate import check
 from recipes.compose import compose_recipe
-from recipes.plan import make_plan
-from recipes.validate import check
 
 RESULTS = Path(__file__).resolve().parents[2] / "scripts" / "gpu" / "results" / "2026-12-04-h200-vllm"
 GIB = 1 << 30

@@ -55,8 +55,8 @@ def test_module_imports_no_verl_hydra_omegaconf_or_recipes(path):
         ("if TYPE_CHECKING:\n    import hydra", "hybrid_engine.groups", False, "hydra"),
         ("from .. import layout", "hybrid_engine.plan.build", False, "hybrid_engine.layout"),
         ("from .build import Plan", "hybrid_engine.plan", True, "hybrid_engine.plan.build"),
-        ("from recipes.plan import make_plan", "hybrid_engine.plan.build", False, "recipes.plan"),
-        ("importlib.import_module('recipes.plan')", "hybrid_engine.layout", False, "recipes.plan"),
+        ("from recipes.check.plan import make_plan", "hybrid_engine.plan.build", False, "recipes.check.plan"),
+        ("importlib.import_module('recipes.check.plan')", "hybrid_engine.layout", False, "recipes.check.plan"),
     ],
 )
 def test_the_checker_sees_every_kind_of_import(source, module, is_package, expected):

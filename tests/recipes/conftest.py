@@ -14,7 +14,7 @@ register_resolvers()
 
 # Options that need a context to be valid (the rest compose with the recipe's defaults).
 CONTEXT = {
-    ("parallel", "cpu"): ["cluster=cpu", "rollout=hf"],  # vLLM and SGLang need GPUs (recipes.lookups)
+    ("parallel", "cpu"): ["cluster=cpu", "rollout=hf"],  # vLLM and SGLang need GPUs (recipes.check.lookups)
     ("parallel", "tp4pp2"): ["strategy=megatron"],
     ("parallel", "tp8pp4"): ["strategy=megatron", "cluster.nnodes=4"],
     ("cluster", "cpu"): ["parallel=cpu", "rollout=hf"],

@@ -55,8 +55,8 @@ def test_auto_budget_leaves_the_margin_and_the_headroom(plan_json):
     from dataclasses import replace
 
     from hybrid_engine.plan.memory import estimate_memory
-    from recipes.plan import make_plan
-    from recipes.validate import check
+    from recipes.check.plan import make_plan
+    from recipes.check.validate import check
 
     auto, memory = plan_json["token_budgets"]["auto"], plan_json["memory"]
     room = memory["gpu_bytes"] - memory["min_headroom_bytes"]
@@ -189,8 +189,8 @@ def test_a_typed_share_or_verl_key_wins():
 
 
 def test_auto_budgets_that_cannot_be_planned_say_so(monkeypatch):
-    from recipes import budget
-    from recipes.validate import check
+    from recipes.check import budget
+    from recipes.check.validate import check
 
     def broken(*args, **kwargs):
         raise RuntimeError("planner broke")

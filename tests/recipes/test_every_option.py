@@ -7,16 +7,16 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
+from recipes.check.validate import validate
 from recipes.compose import RECIPES, compose_recipe
 from recipes.confdir import conf_dir, group_options, pack_groups
 from recipes.errors import ConfigError
-from recipes.validate import validate
 
 from .conftest import CONTEXT
 
 # Options whose plan, in the recipe's default layout (FSDP2 over one node of 80 GiB GPUs, llama3_1_8b; the critic
 # doubles the trained state under kl_ppo; the auto token budgets, one sequence where nothing fits: the peaks below are
-# the states and AdamW's step), peaks above the GPU (recipes.fit): each validates with a change that
+# the states and AdamW's step), peaks above the GPU (recipes.check.fit): each validates with a change that
 # validation suggests (llama3_1_70b needs three: offload, 4 nodes, and its rollout share cannot hold the tp2
 # generation shard). Strict: each must still be refused without it.
 OVER_THE_GPU: dict[tuple[str, str, str], list[str]] = {

@@ -1,5 +1,5 @@
-"""Memory is part of validation (recipes.fit): a planned peak per GPU above the GPU is one error in validate, plan and
-train, with re-planned changes that fit; run.allow_overcommit=true goes on with a warning; nothing is checked for a
+"""Memory is part of validation (recipes.check.fit): a planned peak per GPU above the GPU is one error in validate, plan
+and train, with re-planned changes that fit; run.allow_overcommit=true goes on with a warning; nothing is checked for a
 model of unknown shape or on the CPU."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from dataclasses import replace
 import pytest
 from omegaconf import OmegaConf
 
-import recipes.fit as fit
+import recipes.check.fit as fit
 from hybrid_engine.plan import build_plan
 from hybrid_engine.plan.render import gib_text
+from recipes.check.validate import check
 from recipes.compose import compose_recipe
-from recipes.validate import check
 
 # Qwen2.5-32B under Megatron TP4 x PP2 on one node of 80 GiB GPUs: the rollout's share plus the resident actor,
 # ref and optimizer states overflow the GPU in generation. At the source article's budgets (3x / 4x): the auto

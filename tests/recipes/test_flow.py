@@ -9,10 +9,10 @@ import pytest
 import verl.utils.config as verl_config
 from omegaconf import OmegaConf
 
+from recipes.check.validate import check
 from recipes.compose import compose_recipe
 from recipes.defaults import embedded_defaults
 from recipes.launch import run_recipe
-from recipes.validate import check
 from recipes.verl_ext import api
 
 CPU = embedded_defaults([], accelerator=False)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from recipes.check.validate import validate
 from recipes.compose import compose_recipe
-from recipes.validate import validate
 
 
 def resolved(recipe, *overrides):
@@ -62,7 +62,7 @@ def test_entropy_overlap_offload():
     prefetch = resolved("kl_ppo", "overlap=prefetch")
     assert prefetch.actor_rollout_ref.actor.fsdp_config.forward_prefetch is True
     assert prefetch.critic.fsdp.forward_prefetch is True
-    # (llama3_1_8b's KL-PPO at Megatron tp8 dp1 plans above 80 GiB: recipes.fit; only the values matter here)
+    # (llama3_1_8b's KL-PPO at Megatron tp8 dp1 plans above 80 GiB: recipes.check.fit; only the values matter here)
     megatron = resolved("kl_ppo", "overlap=prefetch", "strategy=megatron", "parallel=tp8", "run.allow_overcommit=true")
     assert megatron.actor_rollout_ref.actor.megatron.override_ddp_config.overlap_param_gather is True
     full = resolved("kl_ppo", "offload=full")

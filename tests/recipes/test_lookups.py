@@ -1,7 +1,7 @@
 """Issue 49, sections 2 and 3: names verl 0.9.1 looks up at run time, and combinations that cannot run, refused (or
 warned of) before Ray starts, as the user types them: exit 2, one line naming the full key, no traceback, nothing on
 disk. verl's own valid values still pass. The expected lines and choices are written out here from verl 0.9.1's
-source (its registries and the checks in its trainer), not computed by recipes.lookups."""
+source (its registries and the checks in its trainer), not computed by recipes.check.lookups."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from recipes import lookups
+from recipes.check import lookups
 
 TINY_HEADS = 4  # hybrid_engine/model_configs/tiny/config.json: num_attention_heads
 TINY_KV_HEADS = 2

@@ -11,11 +11,11 @@ import pytest
 from omegaconf import OmegaConf
 
 from hybrid_engine.model_spec import MODEL_CONFIG_DIR, shipped_name_of_hub_id
+from recipes.check.validate import check, load_model_arch
 from recipes.compose import compose_recipe
 from recipes.confdir import group_options
 from recipes.defaults import EMBEDDED_DEFAULTS, GPU_INTENT_KEYS, chooses_layout, embedded_defaults
 from recipes.layout_keys import LAYOUT_FED_KEYS
-from recipes.validate import check, load_model_arch
 
 PATH = "actor_rollout_ref.model.path"
 

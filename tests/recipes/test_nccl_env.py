@@ -7,13 +7,13 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
+from recipes.check.validate import validate
 from recipes.cluster.nccl_env import ray_init_runtime_env, verl_runtime_env, worker_env
 from recipes.compose import compose_recipe
 from recipes.defaults import embedded_defaults
 from recipes.errors import ConfigError
 from recipes.record.bundle import write_record
 from recipes.run.finalize import finalize
-from recipes.validate import validate
 
 CPU = embedded_defaults([], accelerator=False)  # parallel=cpu cluster=cpu rollout=hf model=tiny task=tiny
 BASE = {"PATH": "/usr/bin", "HOME": "/root"}
@@ -24,7 +24,7 @@ def test_ray_init_runtime_env_is_what_verl_run_ppo_builds(monkeypatch):
     from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
 
     monkeypatch.delenv("NCCL_DEBUG", raising=False)
-    # the launch flow hands verl the resolved config (recipes.validate)
+    # the launch flow hands verl the resolved config (recipes.check.validate)
     cfg = OmegaConf.create(OmegaConf.to_container(compose_recipe("grpo", ["nccl=ib"]), resolve=True))
     expected = OmegaConf.to_container(OmegaConf.merge(get_ppo_ray_runtime_env(cfg),
                                                       cfg.ray_kwargs.ray_init.runtime_env), resolve=True)

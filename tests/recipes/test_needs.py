@@ -1,6 +1,6 @@
-"""What a training run needs from this machine (recipes/needs.py), as a user meets it through the CLI: a GPU layout
-on a machine without GPUs or a cluster to join, and an engine whose package is missing, stop ``action=train`` with
-one line each before Ray starts, leaving no folder; ``action=validate`` notes a missing package and passes;
+"""What a training run needs from this machine (recipes/check/needs.py), as a user meets it through the CLI: a GPU
+layout on a machine without GPUs or a cluster to join, and an engine whose package is missing, stop ``action=train``
+with one line each before Ray starts, leaving no folder; ``action=validate`` notes a missing package and passes;
 ``strategy=megatron`` (typed, or a copy's default) plans for GPUs instead of mixing into the FSDP2 CPU default."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from recipes.needs import gpu_shortfall, importable, missing_packages
+from recipes.check.needs import gpu_shortfall, importable, missing_packages
 from tests.conftest import checkout_env
 
 needs_cpu_only = pytest.mark.skipif(importable("vllm") or importable("megatron.core"),
@@ -106,7 +106,7 @@ def test_a_cpu_run_or_a_cluster_to_join_needs_no_local_gpus(monkeypatch, tmp_pat
 
 
 def test_missing_packages_names_only_the_engines_the_config_uses(monkeypatch):
-    import recipes.needs as needs
+    import recipes.check.needs as needs
 
     monkeypatch.setattr(needs, "importable", lambda module: module != "sglang")
     cfg = OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "sglang"}}, "strategy": {"name": "megatron"}})
@@ -147,7 +147,7 @@ def test_validate_notes_what_training_here_would_stop_on(tmp_path, capsys, monke
 
 
 def test_remote_data_is_the_clusters(tmp_path):
-    from recipes.needs import missing_data
+    from recipes.check.needs import missing_data
 
     cfg = OmegaConf.create({"data": {"train_files": ["hdfs://nn/train.parquet", str(tmp_path / "x.parquet")],
                                      "val_files": "s3://bucket/val.parquet"}})

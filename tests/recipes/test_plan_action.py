@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from recipes.check.plan import make_plan, run_plan
+from recipes.check.validate import check
 from recipes.compose import compose_recipe
-from recipes.plan import make_plan, run_plan
-from recipes.validate import check
 
 SEED = ["strategy=megatron", "parallel=tp8pp4", "cluster.nnodes=4", "action=plan"]
 

@@ -1,6 +1,6 @@
 """The ``[sglang]`` extra against verl 0.9.1's own requirements (issue 50, item 1), read from what is installed here
 (verl's metadata) and from pyproject.toml, compared with ``packaging.specifiers``; the SGLang releases the pack calls
-drivable (recipes/needs.py) against the same requirement; and the pack's SGLang glue importing without SGLang."""
+drivable (recipes/check/needs.py) against the same requirement; and the pack's SGLang glue importing without SGLang."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import tomllib
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
-from recipes.needs import (
+from recipes.check.needs import (
     NEEDS,
     SGLANG_DRIVEN,
     SGLANG_PIN,
@@ -98,7 +98,7 @@ def test_the_drivable_releases_are_those_whose_transformers_pin_verl_accepts():
 def test_an_installed_sglang_outside_the_drivable_releases_is_one_line(monkeypatch, found, line):
     from omegaconf import OmegaConf
 
-    import recipes.needs as needs
+    import recipes.check.needs as needs
 
     monkeypatch.setattr(needs, "importable", lambda module: True)
     monkeypatch.setattr(needs, "installed_version", lambda package: found if package == "sglang" else None)
@@ -116,7 +116,7 @@ def test_installed_version_reads_metadata_without_importing():
 
 @pytest.mark.slow  # the first composition of verl's tree in this process
 def test_the_packs_sglang_glue_imports_and_composes_without_sglang(compose):
-    """The glue: recipes/needs.py (the check above) and conf/rollout/sglang.yaml (verl's rollout.name and the
+    """The glue: recipes/check/needs.py (the check above) and conf/rollout/sglang.yaml (verl's rollout.name and the
     engine's memory share); both load on a machine without SGLang."""
     assert [n.value for n in NEEDS if n.package == "sglang"] == ["sglang"]
     cfg = compose("grpo", ["rollout=sglang", "parallel=tp1"])

@@ -1,4 +1,4 @@
-"""plan.solve=true (recipes/solve.py): every printed command validates and runs the layout it was ranked for, over
+"""plan.solve=true (recipes/check/solve.py): every printed command validates and runs the layout it was ranked for, over
 shipped models x clusters (in-process); the real CLI prints five ranked layouts, table and JSON alike, one of them
 validates in a subprocess; the user's own overrides are kept; nothing fitting is one line with the shortfall."""
 
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from recipes.check.plan import cluster_spec, make_plan, plan_settings
+from recipes.check.solve import solve_run
+from recipes.check.validate import check, validate
 from recipes.compose import compose_recipe
 from recipes.defaults import embedded_defaults
-from recipes.plan import cluster_spec, make_plan, plan_settings
-from recipes.solve import solve_run
-from recipes.validate import check, validate
 from tests.conftest import run_recipe_main
 from tests.readme import check_block
 

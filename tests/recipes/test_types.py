@@ -1,7 +1,7 @@
 """verl's types from its source, the pack's typed schema, and the range table: unit tests, the CLI, a property.
 
 * the type checker reads verl's dataclasses (each annotation kind, nested dataclasses, a field verl adds later);
-* the schema (recipes/schema.py) types the pack's own keys, with ranges, units and one line per problem;
+* the schema (recipes/check/schema.py) types the pack's own keys, with ranges, units and one line per problem;
 * the range table (RANGES) holds the constraints verl fails on at run time;
 * a wrong value on the command line exits 2 with one ``config error`` line naming the key, no traceback, no run folder;
 * any typed leaf given a wrong-typed (or out-of-range) value is a problem naming that key, never an exception.
@@ -25,10 +25,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf, open_dict
 
-from recipes import schema as S
+from recipes.check import schema as S
+from recipes.check.validate import check
 from recipes.compose import compose_recipe
 from recipes.layout_keys import REPEATED_KEYS
-from recipes.validate import check
 from recipes.verl_ext import api
 from recipes.verl_ext import types as T
 

@@ -25,11 +25,11 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import OverrideType
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from recipes.check.validate import validate
 from recipes.compose import compose_recipe
 from recipes.errors import ConfigError
 from recipes.launch import run_recipe
 from recipes.overrides import override_value
-from recipes.validate import validate
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES_FILE = ROOT / "tests" / "data" / "verl_examples.json"
@@ -52,8 +52,8 @@ CLI_SUBSET = _one_per_folder(TAKEN)
 # cause makes its test pass and then this entry must go.
 KNOWN_GAPS: dict[str, str] = {}
 
-# Examples whose planned peak memory per GPU exceeds their GPUs (recipes.fit), each with the plan's arithmetic. verl
-# runs them on these GPUs, so an entry here means the memory model is off for it; they validate with
+# Examples whose planned peak memory per GPU exceeds their GPUs (recipes.check.fit), each with the plan's arithmetic.
+# verl runs them on these GPUs, so an entry here means the memory model is off for it; they validate with
 # run.allow_overcommit=true, the expert's way on. Strict: each must still be refused without it.
 # None left: examples/grpo_trainer/run_qwen3_30b_a3b_fsdp.sh was planned at 105.57 GiB with fp32 logits and their
 # gradient (37.09 GiB); verl's FSDP engine materialises bf16 logits and flash-attn's cross-entropy writes their

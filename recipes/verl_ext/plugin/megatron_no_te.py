@@ -33,8 +33,8 @@ def transformer_engine_installed() -> bool:
 
 def apply_no_te_patches() -> None:
     """Where TransformerEngine cannot be imported: verl's Megatron engine runs mbridge with megatron-core's local
-    layer spec (see the table above); the launcher notes it once a run is valid (recipes/needs.py engine_notes). Where
-    TE is installed nothing changes."""
+    layer spec (see the table above); the launcher notes it once a run is valid (recipes/check/needs.py engine_notes).
+    Where TE is installed nothing changes."""
     require_supported_verl()
     if transformer_engine_installed():
         return

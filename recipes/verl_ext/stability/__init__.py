@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from recipes.schema import Stability, load_section
+from recipes.check.schema import Stability, load_section
 from recipes.verl_ext.stability.entropy import entropy_warnings
 
 __all__ = ["HOOKS_MODULE", "entropy_warnings", "supervise"]

@@ -19,9 +19,9 @@ import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from recipes.check.schema import Monitor, load_section
 from recipes.record.records import write_atomic
 from recipes.run.monitor import read_metrics
-from recipes.schema import Monitor, load_section
 
 
 @dataclass(kw_only=True, slots=True)

@@ -4,7 +4,7 @@ Both losses (verl ``policy_loss.loss_mode=clip_cov|kl_cov``) pick the tokens wit
 log-prob and advantage and clip their gradient or penalise their KL to the old policy. In a strictly on-policy step (one
 PPO epoch over one mini-batch: ``ppo_mini_batch_size == train_batch_size`` and ``ppo_epochs == 1``) the policy equals
 the old policy at the only update, the ratio is 1 and the KL is 0: KL-Cov adds nothing and Clip-Cov only drops a few
-tokens' gradients. :func:`entropy_warnings` says so before the run starts (``recipes/validate.py`` calls it).
+tokens' gradients. :func:`entropy_warnings` says so before the run starts (``recipes/check/validate.py`` calls it).
 """
 
 from __future__ import annotations

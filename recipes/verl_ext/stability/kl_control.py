@@ -34,8 +34,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from recipes.check.schema import KL, load_section
 from recipes.record.records import write_atomic
-from recipes.schema import KL, load_section
 
 STATE_FILE = "kl_control.json"
 """File name of the controller state inside verl's ``global_step_<n>`` checkpoint folder."""
@@ -78,8 +78,8 @@ class KLSettings:
     @classmethod
     def from_config(cls, cfg) -> KLSettings:
         """From the full (verl + pack) config; a config without the pack's ``kl`` keys gives a fixed controller.
-        The ``kl.*`` keys and their defaults are the pack's schema (:class:`recipes.schema.KL`); a bad value raises
-        :class:`recipes.schema.SchemaError` (a ValueError) naming the key."""
+        The ``kl.*`` keys and their defaults are the pack's schema (:class:`recipes.check.schema.KL`); a bad value
+        raises :class:`recipes.check.schema.SchemaError` (a ValueError) naming the key."""
         kl = load_section(KL, cfg.get("kl"), "kl")
         kl_ctrl = cfg.algorithm.get("kl_ctrl") or {}
         in_reward = bool(cfg.algorithm.get("use_kl_in_reward", False))

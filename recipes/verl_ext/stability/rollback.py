@@ -27,13 +27,13 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from recipes.check.schema import DEGRADATIONS, Stability, load_section
 from recipes.record import yamlio
 from recipes.record.records import write_atomic
 from recipes.record.redact import redact_config
 from recipes.run import checkpoints as ckpt
 from recipes.run import gc_threshold
 from recipes.run.resume import SUPERSEDED, keep_metrics_up_to
-from recipes.schema import DEGRADATIONS, Stability, load_section
 from recipes.verl_ext.stability.faults import RETRYABLE, classify, exit_description
 from recipes.verl_ext.stability.tee import ENV_VARS, LOGGER_ENV, MetricsTee
 

@@ -23,8 +23,8 @@ import os
 
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
+from recipes.check.schema import Stability, load_section
 from recipes.run.checkpoints import mark_complete
-from recipes.schema import Stability, load_section
 from recipes.verl_ext.stability.bands import RollbackRule, bands_from_config
 from recipes.verl_ext.stability.guard import GUARD_KEY, INJECT_KEY, KL_COEF_KEY, METRICS
 from recipes.verl_ext.stability.kl_control import KLControl, KLSettings, sequences_per_step

@@ -41,8 +41,8 @@ from hybrid_engine.plan import ClusterSpec, Plan, PlanSettings, build_plan
 from hybrid_engine.plan.memory import estimate_memory
 from hybrid_engine.plan.render import gib_text, host_text
 from hybrid_engine.plan.settings import GIB
-from recipes.plan import cluster_spec, offload_keys, plan_settings
-from recipes.schema import SchemaError
+from recipes.check.plan import cluster_spec, offload_keys, plan_settings
+from recipes.check.schema import SchemaError
 
 __all__ = ["Suggestion", "check_memory", "memory_plan", "overcommitted", "suggest"]
 
@@ -305,7 +305,8 @@ class _Search:
 
 
 def _with_offload(settings: PlanSettings, name: str) -> PlanSettings:
-    """The settings ``offload=<name>`` gives (recipes.plan.plan_settings reads offload.param / offload.optimizer)."""
+    """The settings ``offload=<name>`` gives (recipes.check.plan.plan_settings reads offload.param /
+    offload.optimizer)."""
     return replace(settings, param_offload=name in ("param", "full"), optimizer_offload=name in ("optimizer", "full"),
                    offload_policy=name == "full")
 

@@ -68,7 +68,7 @@ def _about_layout(problem: str) -> bool:
 
 
 def request_from_run(run, typed: list[str], settings: PlanSettings, cluster: ClusterSpec) -> SolveRequest:
-    """The search's inputs from a checked run: its planner settings and cluster (``recipes.plan`` reads them from
+    """The search's inputs from a checked run: its planner settings and cluster (``recipes.check.plan`` reads them from
     the config), the batch, the rollout engine; both strategies unless the command line chose one (``strategy=``,
     or verl's ``model_engine=`` adopted)."""
     cfg: DictConfig = run.cfg
@@ -217,7 +217,7 @@ def render_table(result: SolveResult, rows: list[dict]) -> str:
 
 def run_solve(run, fmt: str, settings: PlanSettings, cluster: ClusterSpec, out=None) -> int:
     """Print the ranked layouts (table or JSON); 2 with one line on stderr when nothing fits. ``settings`` and
-    ``cluster``: the planner's inputs as ``recipes.plan`` reads them from the run's config."""
+    ``cluster``: the planner's inputs as ``recipes.check.plan`` reads them from the run's config."""
     out = sys.stdout if out is None else out  # at call time: the stdout of now (a test may capture it)
     others = [problem for problem in run.problems if not _about_layout(problem)]
     if others:  # mistakes the search cannot choose its way around

@@ -6,7 +6,7 @@ auto budget (``hybrid_engine.plan.budget.auto_token_budgets``); a typed factor i
 (the source article's 3x / 4x / 6x); a typed verl key (``actor_rollout_ref.actor.ppo_max_token_len_per_gpu=...``)
 wins over both. Where the plan cannot be made (an unknown model, a layout that does not factor: validation reports
 those), the source article's factors stand in, so the rest of the checks still run, and validation says so with the
-reason (``recipes.plan.BUDGET_FALLBACKS``): the repository's measurement puts those factors at 0.70x of the auto
+reason (``recipes.check.plan.BUDGET_FALLBACKS``): the repository's measurement puts those factors at 0.70x of the auto
 budget's speed.
 """
 
@@ -20,7 +20,7 @@ from hybrid_engine.plan import build_plan
 from hybrid_engine.plan.budget import auto_token_budgets
 from hybrid_engine.plan.engine_share import engine_share, graph_sizes
 from hybrid_engine.plan.memory import kv_bytes_per_token
-from recipes.plan import ARTICLE_FACTORS, BUDGET_FALLBACKS, cluster_spec, plan_settings
+from recipes.check.plan import ARTICLE_FACTORS, BUDGET_FALLBACKS, cluster_spec, plan_settings
 
 __all__ = ["ARTICLE_FACTORS", "FALLBACK_SHARE", "auto_budgets", "engine_graph_sizes", "engine_memory_share",
            "token_budget"]
@@ -66,7 +66,7 @@ def auto_budgets(cfg: DictConfig) -> dict | None:
 
 def _compute(cfg: DictConfig) -> dict | str:
     """The auto budgets, or the first line of why they cannot be planned."""
-    from recipes.validate import _fsdp_layout, _layout_dict, _world, load_model_arch  # lazy: validate imports fit
+    from recipes.check.validate import _fsdp_layout, _layout_dict, _world, load_model_arch  # lazy: validate imports fit
     from recipes.verl_ext.api import roles
 
     problems: list[str] = []
@@ -132,7 +132,7 @@ def engine_memory_share(share, root: DictConfig | None) -> float:
     the model or the layout cannot be read: validation reports those)."""
     if str(share) != "auto":
         return float(share)
-    from recipes.validate import load_model_arch  # lazy: validate imports fit, which imports this module
+    from recipes.check.validate import load_model_arch  # lazy: validate imports fit, which imports this module
 
     step = _step_sequences(root) if root is not None else None
     if step is None:

@@ -30,15 +30,15 @@ from hybrid_engine.model_spec import (
     shipped_name_of_hub_id,
 )
 from hybrid_engine.plan.settings import FSDP_FAMILY
+from recipes.check.fit import check_memory
+from recipes.check.lookups import lookup_problems, lookup_warnings, registry_problems
+from recipes.check.plan import ARTICLE_FACTORS, BUDGET_FALLBACKS
+from recipes.check.schema import PackConfig, check_schema, depends_on, resolve
 from recipes.cluster.ray_resources import resource_problems
 from recipes.confdir import recipe_defaults
 from recipes.errors import ConfigError
-from recipes.fit import check_memory
 from recipes.layout_keys import Adoption, adopt, find_adoptions
-from recipes.lookups import lookup_problems, lookup_warnings, registry_problems
 from recipes.overrides import override_key, override_value
-from recipes.plan import ARTICLE_FACTORS, BUDGET_FALLBACKS
-from recipes.schema import PackConfig, check_schema, depends_on, resolve
 from recipes.verl_ext import api as verl
 from recipes.verl_ext import names as verl_names
 from recipes.verl_ext import types as verl_types
@@ -66,7 +66,7 @@ class ValidatedRun:
     use_critic: bool = False
     use_ref: bool = False
     pack: PackConfig | None = None
-    """the pack's own keys, typed (recipes.schema); None when they have problems"""
+    """the pack's own keys, typed (recipes.check.schema); None when they have problems"""
 
 
 def _get(cfg: DictConfig, key: str, problems: list[str]):
@@ -383,7 +383,7 @@ def _int_or_none(cfg: DictConfig, key: str) -> int | None:
 
 def _admissible(cfg: DictConfig, arch: ModelArch | None, use_critic: bool):
     """Whether validation accepts another layout of this run (its batch splits, the model's heads per rank): for the
-    layouts recipes.fit suggests."""
+    layouts recipes.check.fit suggests."""
     strategy, rollout = OmegaConf.select(cfg, "strategy.name"), str(OmegaConf.select(cfg, "rollout.name"))
 
     def admissible(train: TrainLayout, infer: InferLayout) -> bool:
@@ -451,9 +451,9 @@ def validate(cfg: DictConfig, *, run_verl: bool = True) -> ValidatedRun:
 def check(cfg: DictConfig, *, run_verl: bool = True) -> ValidatedRun:
     """Check everything and return what was established with the problems found (verl's checks only when none).
 
-    The pack's checks, then, on the resolved values, the pack's schema (recipes.schema) and the range table
+    The pack's checks, then, on the resolved values, the pack's schema (recipes.check.schema) and the range table
     (recipes.verl_ext.types.RANGES); verl's own checks (its annotations, then its validate_config) import verl and
-    run once those found nothing; then the planned peak memory per GPU against the GPU's (recipes.fit).
+    run once those found nothing; then the planned peak memory per GPU against the GPU's (recipes.check.fit).
 
     A pure function: ``cfg`` is not written to. verl layout keys typed directly are adopted into a copy (and come
     back as ``adopted``); the result's config is resolved and read-only.
@@ -511,7 +511,8 @@ def check(cfg: DictConfig, *, run_verl: bool = True) -> ValidatedRun:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             with _offline_models(cfg, arch):
                 _verl_checks(cfg, use_critic, use_ref, problems)
-        # the planned peak memory per GPU against the GPU (recipes.fit), with the changes that fit when it does not
+        # the planned peak memory per GPU against the GPU (recipes.check.fit), with the changes that fit when it
+        # does not
         check_memory(checked, train, infer, arch, use_critic=use_critic, use_ref=use_ref,
                      allow_overcommit=pack is not None and pack.run.allow_overcommit,
                      admissible=_admissible(cfg, arch, use_critic), problems=problems, warnings=warnings)

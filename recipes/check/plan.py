@@ -11,15 +11,15 @@ from omegaconf import DictConfig, OmegaConf
 from hybrid_engine.plan import ClusterSpec, Plan, PlanSettings, build_plan
 from hybrid_engine.plan.budget import auto_token_budgets
 from hybrid_engine.plan.render import gib_text
-from recipes.schema import Cluster, Offload, SchemaError, load_section
-from recipes.schema import Plan as PlanKeys
+from recipes.check.schema import Cluster, Offload, SchemaError, load_section
+from recipes.check.schema import Plan as PlanKeys
 
 ARTICLE_FACTORS = {"actor": 3.0, "logprob": 4.0, "critic": 6.0}
 """The source article's budgets in sequences of prompt + response (actor 2-3x, log-prob larger, critic 2x actor): what
-``batching=dynamic`` uses where its auto budgets cannot be planned (recipes.budget)."""
+``batching=dynamic`` uses where its auto budgets cannot be planned (recipes.check.budget)."""
 BUDGET_FALLBACKS: set[str] = set()
-"""Why auto budgets fell back to ARTICLE_FACTORS since validation last cleared it (recipes.budget adds, recipes.validate
-reads and says it)."""
+"""Why auto budgets fell back to ARTICLE_FACTORS since validation last cleared it (recipes.check.budget adds,
+recipes.check.validate reads and says it)."""
 
 
 def cluster_spec(cfg: DictConfig) -> ClusterSpec:
@@ -125,8 +125,8 @@ def plan_settings(cfg: DictConfig, has_critic: bool, has_ref: bool, *, budgets: 
 
 
 def make_plan(run) -> Plan:
-    """The plan of a validated run (``recipes.validate.ValidatedRun``; not imported: recipes.fit, which validation
-    calls, plans through this module)."""
+    """The plan of a validated run (``recipes.check.validate.ValidatedRun``; not imported: recipes.check.fit, which
+    validation calls, plans through this module)."""
     settings = plan_settings(run.cfg, run.use_critic, run.use_ref)
     return build_plan(run.arch, run.train, run.infer, cluster_spec(run.cfg), settings)
 
@@ -186,7 +186,7 @@ def run_plan(checked, out=None) -> int:
     try:
         keys = load_section(PlanKeys, cfg.get("plan"), "plan")
         if keys.solve:
-            from recipes.solve import run_solve  # lazy: the search loads only when asked for
+            from recipes.check.solve import run_solve  # lazy: the search loads only when asked for
 
             settings = plan_settings(cfg, checked.use_critic, checked.use_ref)
             return run_solve(checked, keys.format, settings, cluster_spec(cfg), out)

@@ -259,7 +259,7 @@ def column_problems(cfg: DictConfig) -> list[str]:
                 continue
             try:
                 names = pq.read_schema(path).names
-            except Exception:  # noqa: BLE001 - empty or not parquet: recipes.lookups reports it, in one line
+            except Exception:  # noqa: BLE001 - empty or not parquet: recipes.check.lookups reports it, in one line
                 continue
             if column not in names:
                 lines.append(f"{key}: {column!r} is not a column of {files_key} {path} (its columns: "

@@ -427,7 +427,7 @@ class Run(_Checked):
     run.resume)"""
     allow_overcommit: bool = False
     """go on when the planned peak memory per GPU exceeds cluster.gpu.memory_gib: a warning instead of the error
-    (recipes.fit; the planner's memory model is an estimate, for experts who know better)"""
+    (recipes.check.fit; the planner's memory model is an estimate, for experts who know better)"""
     gc_threshold: list[int] | None = field(default_factory=lambda: list(gc_threshold.DEFAULT))
     """Python's garbage-collector thresholds (gen0, gen1, gen2, as gc.set_threshold takes them) in the launcher and
     in every Ray worker (recipes/run/gc_threshold.py); null: Python's own (700, 10, 10)"""
@@ -454,7 +454,7 @@ class Plan(_Checked):
     """a PNG or SVG path for the rank grid; None: no picture"""
     solve: bool = False
     """true: search the layouts (strategy, parallel sizes, offload, token budgets, rollout share) and print the five
-    fastest that fit, each with the command that runs it (recipes/solve.py); false: plan the configured layout"""
+    fastest that fit, each with the command that runs it (recipes/check/solve.py); false: plan the configured layout"""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -1,0 +1,1 @@
+"""Checks and plans a run before anything starts."""
