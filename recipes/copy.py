@@ -21,8 +21,8 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
-from recipes.compose import RECIPES
-from recipes.confdir import (
+from recipes.compose.compose import RECIPES
+from recipes.compose.confdir import (
     CONF_DIR_ENV,
     conf_dir,
     group_options,
@@ -31,7 +31,7 @@ from recipes.confdir import (
     recipe_defaults,
     shared_folders,
 )
-from recipes.defaults import EMBEDDED_DEFAULTS
+from recipes.compose.defaults import EMBEDDED_DEFAULTS
 from recipes.record.gitstate import git_state
 
 MARKER = ".klppo-copy.json"

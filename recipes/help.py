@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from recipes.confdir import conf_dir, group_options, pack_groups, recipe_defaults
+from recipes.compose.confdir import conf_dir, group_options, pack_groups, recipe_defaults
 from recipes.errors import ConfigError
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
-from recipes.defaults import EMBEDDED_DEFAULTS, chooses_layout, has_accelerator
+from recipes.compose.defaults import EMBEDDED_DEFAULTS, chooses_layout, has_accelerator
 
 
 def run_overrides(overrides: list[str]) -> tuple[list[str], bool]:
@@ -26,7 +26,7 @@ def run_overrides(overrides: list[str]) -> tuple[list[str], bool]:
 
 def kl_lines(recipe: str, overrides: list[str]) -> list[str]:
     """The KL control this command line runs with: mode, target schedule, both coefficients, rule, guard."""
-    from recipes.compose import compose_recipe  # lazy: Hydra composes only for this topic
+    from recipes.compose.compose import compose_recipe  # lazy: Hydra composes only for this topic
 
     overrides, embedded = run_overrides(overrides)
     cfg = compose_recipe(recipe, overrides)

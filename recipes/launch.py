@@ -31,12 +31,12 @@ from hydra.errors import HydraException
 from hydra.types import HydraContext, RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from recipes import hydra_cache
 from recipes.check.needs import column_problems, engine_notes, machine_notes, train_problems
 from recipes.check.validate import ValidatedRun, check, validate
 from recipes.cluster.ray_jobs import preflight, submit_from_hydra
 from recipes.cluster.sweep import expand_jobs, job_result, sweep_problems
-from recipes.compose import (
+from recipes.compose import hydra_cache
+from recipes.compose.compose import (
     adopt_batching,
     adopt_engine_switch,
     adopt_verl_primary,
@@ -44,8 +44,8 @@ from recipes.compose import (
     refuse_mixed_engines,
     refuse_shared_parts,
 )
-from recipes.confdir import conf_dir, entry_command, group_options, recipe_defaults
-from recipes.defaults import (
+from recipes.compose.confdir import conf_dir, entry_command, group_options, recipe_defaults
+from recipes.compose.defaults import (
     EMBEDDED_DEFAULTS,
     chooses_layout,
     embedded_defaults,
@@ -55,13 +55,13 @@ from recipes.defaults import (
     has_accelerator,
     machine_cluster,
 )
+from recipes.compose.overrides import has_hydra_flags, with_overrides
+from recipes.compose.resolvers import register_resolvers
 from recipes.envvars import RAY_JOB, getenv
 from recipes.errors import ConfigError, exit_with, report
 from recipes.help import SCRIPTS, help_topic, print_help
-from recipes.overrides import has_hydra_flags, with_overrides
 from recipes.record.bundle import write_record
 from recipes.record.rundir import Reservation, claim, lock, refuse_location, release, reserve, unlock
-from recipes.resolvers import register_resolvers
 from recipes.run import gc_threshold
 from recipes.run.finalize import finalize
 from recipes.run.interrupt import Interrupted, exits_on_ctrl_c

@@ -62,7 +62,7 @@ OWN_CONFIG_NAMES = ("ppo_trainer", "ppo_trainer.yaml")
 """``--config-name`` values that are main_ppo's own default (``@hydra.main(config_name="ppo_trainer")``)."""
 KEPT_CONFIG_NAMES = ("ppo_megatron_trainer", "ppo_megatron_trainer.yaml")
 """``--config-name`` values the recipes take as typed (verl's ppo_trainer with model_engine=megatron,
-``recipes.compose.adopt_verl_primary``): kept in the overrides."""
+``recipes.compose.compose.adopt_verl_primary``): kept in the overrides."""
 
 
 class ShellError(Exception):

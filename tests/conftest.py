@@ -33,10 +33,10 @@ MEGATRON_SITE = ROOT / "build" / "megatron-site"
 """Where ``make install`` puts the ``[megatron]`` extra's packages for the tests (requirements/megatron-site.txt)."""
 
 NOT_INHERITED = ("RAY_ADDRESS", "RAY_JOB_CONFIG_JSON_ENV_VAR")
-"""Left out of a child's environment, with the copied recipe's conf/ folder variable (``recipes.confdir.CONF_DIR_ENV``):
-set in the shell that started pytest, each would change what a recipe run does. RAY_ADDRESS (and a Ray Job's own
-config) make the run join that cluster instead of starting its own Ray; the conf/ folder variable makes it compose a
-copied recipe's conf/ instead of the checkout's."""
+"""Left out of a child's environment, with the copied recipe's conf/ folder variable
+(``recipes.compose.confdir.CONF_DIR_ENV``): set in the shell that started pytest, each would change what a recipe run
+does. RAY_ADDRESS (and a Ray Job's own config) make the run join that cluster instead of starting its own Ray; the conf/
+folder variable makes it compose a copied recipe's conf/ instead of the checkout's."""
 
 
 def megatron_path() -> str | None:
@@ -69,7 +69,7 @@ def checkout_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     the checkout first on PYTHONPATH (an installed copy of the pack may be older; what PYTHONPATH held stays behind
     it), then ``extra`` on top. Everything else passes through unchanged: the folder the tiny assets are cached in,
     CUDA_VISIBLE_DEVICES, the shell's NCCL variables."""
-    from recipes.confdir import CONF_DIR_ENV  # lazy: loading this conftest needs no product module
+    from recipes.compose.confdir import CONF_DIR_ENV  # lazy: loading this conftest needs no product module
 
     env = {k: v for k, v in os.environ.items() if k not in (*NOT_INHERITED, CONF_DIR_ENV)}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])

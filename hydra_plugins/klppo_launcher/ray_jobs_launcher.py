@@ -120,7 +120,7 @@ class RayJobsLauncher(Launcher):
     def _prepare(self, num: int, overrides: list[str], sweep_dir: Path, recipe: str):
         """Compose (and validate) one job here; its JobSpec (with `error` set when it cannot run)."""
         from recipes.cluster import ray_jobs
-        from recipes.compose import explain_hydra_error
+        from recipes.compose.compose import explain_hydra_error
         from recipes.errors import ConfigError
 
         spec = ray_jobs.JobSpec(num=num, overrides=overrides, run_dir=sweep_dir / str(num))

@@ -20,10 +20,10 @@ from hybrid_engine.plan.render import gib_text, host_text
 from hybrid_engine.plan.settings import FSDP_FAMILY, ClusterSpec, PlanSettings
 from hybrid_engine.plan.solve import MAX_SHARE, Candidate, SolveRequest, SolveResult, solve
 from hybrid_engine.plan.step_time import Workload
-from recipes.confdir import entry_command
-from recipes.defaults import chooses_layout
-from recipes.layout_keys import LAYOUT_FED_KEYS, ROLE_STRATEGY_KEYS
-from recipes.overrides import override_key
+from recipes.compose.confdir import entry_command
+from recipes.compose.defaults import chooses_layout
+from recipes.compose.layout_keys import LAYOUT_FED_KEYS, ROLE_STRATEGY_KEYS
+from recipes.compose.overrides import override_key
 
 __all__ = ["command_overrides", "request_from_run", "run_solve", "solve_run"]
 
@@ -75,7 +75,7 @@ def request_from_run(run, typed: list[str], settings: PlanSettings, cluster: Clu
     sel = lambda key, default=None: OmegaConf.select(cfg, key, default=default)  # noqa: E731
     chosen = str(sel("strategy.name"))
     # a typed role strategy (verl's actor_rollout_ref.actor.strategy=...) chooses the engine as strategy= does: the
-    # commands keep it, so they search that strategy only (recipes.compose.refuse_mixed_engines)
+    # commands keep it, so they search that strategy only (recipes.compose.compose.refuse_mixed_engines)
     typed_strategy = any(override_key(arg) in ("strategy", "model_engine", *ROLE_STRATEGY_KEYS) for arg in typed)
     fsdp = chosen if chosen in FSDP_FAMILY else "fsdp2"
     return SolveRequest(
@@ -121,7 +121,7 @@ def command_line(recipe: str, typed: list[str], candidate: Candidate, cfg: DictC
     kept = [arg for arg in typed if not _decided(arg)]
     if not chooses_layout(kept):
         # the cluster planned for, by name: what makes the command a GPU run on a machine without one (no embedded
-        # CPU default, recipes/defaults.py); an experiment= or cluster= kept says so already
+        # CPU default, recipes/compose/defaults.py); an experiment= or cluster= kept says so already
         kept.append(f"cluster={OmegaConf.select(cfg, 'cluster.gpu.name')}")
     words = [*entry_command(recipe), *kept, *command_overrides(candidate, cfg, use_critic)]
     return " ".join(shlex.quote(word) for word in words)

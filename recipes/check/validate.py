@@ -35,10 +35,10 @@ from recipes.check.lookups import lookup_problems, lookup_warnings, registry_pro
 from recipes.check.plan import ARTICLE_FACTORS, BUDGET_FALLBACKS
 from recipes.check.schema import PackConfig, check_schema, depends_on, resolve
 from recipes.cluster.ray_resources import resource_problems
-from recipes.confdir import recipe_defaults
+from recipes.compose.confdir import recipe_defaults
+from recipes.compose.layout_keys import Adoption, adopt, find_adoptions
+from recipes.compose.overrides import override_key, override_value
 from recipes.errors import ConfigError
-from recipes.layout_keys import Adoption, adopt, find_adoptions
-from recipes.overrides import override_key, override_value
 from recipes.verl_ext import api as verl
 from recipes.verl_ext import names as verl_names
 from recipes.verl_ext import types as verl_types

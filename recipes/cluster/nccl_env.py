@@ -31,7 +31,7 @@ from unittest import mock
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from recipes.check.schema import NCCL, load_section
-from recipes.compose import compose_recipe
+from recipes.compose.compose import compose_recipe
 from recipes.errors import ConfigError, exit_with
 from recipes.record.redact import redact_env
 from recipes.verl_ext import api as verl

@@ -37,10 +37,10 @@ from recipes import envvars
 from recipes.check.schema import Launcher, load_section
 from recipes.cluster.nccl_env import pack_env
 from recipes.cluster.ray_resources import cpus_needed
-from recipes.confdir import entry_command
-from recipes.defaults import GPU_INTENT
+from recipes.compose.confdir import entry_command
+from recipes.compose.defaults import GPU_INTENT
+from recipes.compose.overrides import chosen_keys, override_key
 from recipes.errors import ConfigError
-from recipes.overrides import chosen_keys, override_key
 from recipes.record.redact import redact_env
 from recipes.run.monitor import final_metrics
 

@@ -28,7 +28,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from recipes.cluster.ray_jobs import SWEEP_RECORD, distinguishing
-from recipes.overrides import override_key
+from recipes.compose.overrides import override_key
 from recipes.record.rundir import reserve
 from recipes.run.monitor import final_metrics
 

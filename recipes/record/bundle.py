@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from recipes.cluster.nccl_env import WorkerEnv, record_lines
 from recipes.cluster.nccl_env import write_record as write_nccl_record
-from recipes.confdir import entry_command
+from recipes.compose.confdir import entry_command
 from recipes.record import yamlio
 from recipes.record.gitstate import git_state
 from recipes.record.redact import redact_arg, redact_config, redact_env

@@ -17,7 +17,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from recipes.confdir import entry_command
+from recipes.compose.confdir import entry_command
 from recipes.record.records import WriteFailed, disk_full_line
 from recipes.run.checkpoints import step_of
 from recipes.run.console import LOG_NAME, verl_output_to_log

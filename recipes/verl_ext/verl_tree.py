@@ -19,13 +19,13 @@ from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
-from recipes.layout_keys import LAYOUT_FED_KEYS
-from recipes.overrides import override_key, override_value
+from recipes.compose.layout_keys import LAYOUT_FED_KEYS
+from recipes.compose.overrides import override_key, override_value
 
 # the sections of verl's tree a pasted script sets (the run-length keys under trainer. alone do not make a script)
 SCRIPT_SECTIONS = ("actor_rollout_ref", "critic", "algorithm", "data", "reward", "reward_model",
                    "custom_reward_function")
-# the pack's strategies that are verl's engine switch (recipes/compose.py ENGINE_STRATEGIES, the other way)
+# the pack's strategies that are verl's engine switch (recipes/compose/compose.py ENGINE_STRATEGIES, the other way)
 STRATEGY_ENGINE = {"megatron": "megatron", "veomni": "veomni"}
 
 

@@ -120,7 +120,7 @@ def compose_config(arm: str, model: str, model_dir: Path, device: torch.device, 
     """The pack's grpo recipe for one arm, resolved (the actor_rollout_ref subtree is what verl's worker reads)."""
     from omegaconf import OmegaConf
 
-    from recipes.compose import compose_recipe
+    from recipes.compose.compose import compose_recipe
 
     overrides = [
         f"model={model}",

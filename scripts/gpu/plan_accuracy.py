@@ -84,7 +84,7 @@ def bench_settings(row: dict, data: dict):
     """The planner's settings for one recorded bench_memory row: the row's own composed config, as ``action=plan``
     reads it, with the benchmark's roles (only the actor: no reference model, no rollout engine) and batch."""
     from recipes.check.plan import plan_settings
-    from recipes.compose import compose_recipe
+    from recipes.compose.compose import compose_recipe
 
     cfg = compose_recipe("grpo", list(row["overrides"]))
     settings = plan_settings(cfg, has_critic=False, has_ref=False)

@@ -12,7 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from recipes.cluster import ray_jobs
-from recipes.compose import compose_recipe
+from recipes.compose.compose import compose_recipe
 
 pytestmark = pytest.mark.ray
 

@@ -50,7 +50,7 @@ def _key(record: str, row: dict) -> tuple[str, str, str]:
 
 
 def _rows(name: str) -> dict[tuple[str, str, str], dict]:
-    from recipes.resolvers import register_resolvers
+    from recipes.compose.resolvers import register_resolvers
 
     register_resolvers()
     return {_key(name, row): row for row in plan_accuracy.memory_matrix_rows(json.loads((RESULTS / name).read_text()))}

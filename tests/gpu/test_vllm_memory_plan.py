@@ -18,7 +18,7 @@ import pytest
 
 from recipes.check.plan import make_plan
 from recipes.check.validate import check
-from recipes.compose import compose_recipe
+from recipes.compose.compose import compose_recipe
 
 RESULTS = Path(__file__).resolve().parents[2] / "scripts" / "gpu" / "results" / "2026-12-04-h200-vllm"
 GIB = 1 << 30

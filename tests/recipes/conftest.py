@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from recipes.compose import compose_recipe
-from recipes.resolvers import register_resolvers
+from recipes.compose.compose import compose_recipe
+from recipes.compose.resolvers import register_resolvers
 
 register_resolvers()
 

@@ -9,7 +9,7 @@ import tempfile
 
 import pytest
 
-from recipes.compose import compose_recipe
+from recipes.compose.compose import compose_recipe
 from tests.conftest import run_recipe_main
 
 H200 = ["model=qwen2_5_0_5b", "cluster=h200_141g", "cluster.gpus_per_node=1", "parallel=tp1"]

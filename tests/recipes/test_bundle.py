@@ -10,8 +10,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from recipes.cluster.nccl_env import worker_env
-from recipes.compose import compose_recipe
-from recipes.defaults import embedded_defaults
+from recipes.compose.compose import compose_recipe
+from recipes.compose.defaults import embedded_defaults
 from recipes.record.bundle import collect, write_record
 from recipes.record.gitstate import git_state
 from recipes.record.redact import REDACTED, is_secret_name, redact_arg, redact_config, redact_env

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from recipes.confdir import CONF_DIR_ENV, entry_command, group_options, pack_groups
+from recipes.compose.confdir import CONF_DIR_ENV, entry_command, group_options, pack_groups
 from recipes.copy import MARKER, copy_recipe, main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,8 +96,9 @@ def test_only_used_copies_what_an_option_includes(tmp_path):
     assert marker["groups"]["strategy"] == ["fsdp", "fsdp2"] and marker["groups"]["cluster"] == ["a100_80g", "cpu"]
     env = {k: v for k, v in os.environ.items() if k != CONF_DIR_ENV}
     env[CONF_DIR_ENV] = str(conf)
-    probe = ("from recipes.compose import compose_recipe; c = compose_recipe('kl_ppo', []); print(c.strategy.name, "
-             "c.critic.strategy, c.cluster.gpu.name, c.cluster.world_size, c.nccl.env.NCCL_IB_DISABLE)")
+    probe = ("from recipes.compose.compose import compose_recipe; c = compose_recipe('kl_ppo', []); "
+             "print(c.strategy.name, c.critic.strategy, c.cluster.gpu.name, c.cluster.world_size, "
+             "c.nccl.env.NCCL_IB_DISABLE)")
     proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["fsdp", "fsdp", "a100_80g", "8", "1"]
@@ -122,7 +123,7 @@ def test_entry_command(monkeypatch, tmp_path):
 
 def test_a_copy_keeps_the_tiny_models_schedule_on_both_engines(tmp_path):
     """conf/_schedule/ (included by strategy/ through ``${model}``) travels with a copy, even with --only-used."""
-    from recipes.compose import compose_recipe
+    from recipes.compose.compose import compose_recipe
 
     dest = tmp_path / "rl"
     copy_recipe("grpo", dest, only_used=True)

@@ -13,9 +13,9 @@ import verl
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from recipes.compose import compose_recipe
-from recipes.confdir import conf_dir, included_files
-from recipes.defaults import EMBEDDED_DEFAULTS, embedded_defaults
+from recipes.compose.compose import compose_recipe
+from recipes.compose.confdir import conf_dir, included_files
+from recipes.compose.defaults import EMBEDDED_DEFAULTS, embedded_defaults
 from recipes.verl_ext.demo import ensure_tiny_assets
 from recipes.verl_ext.plugin import cpu_overrides
 

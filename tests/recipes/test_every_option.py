@@ -8,8 +8,8 @@ import yaml
 from omegaconf import OmegaConf
 
 from recipes.check.validate import validate
-from recipes.compose import RECIPES, compose_recipe
-from recipes.confdir import conf_dir, group_options, pack_groups
+from recipes.compose.compose import RECIPES, compose_recipe
+from recipes.compose.confdir import conf_dir, group_options, pack_groups
 from recipes.errors import ConfigError
 
 from .conftest import CONTEXT
@@ -136,7 +136,7 @@ def test_the_tiny_task_takes_about_50_sequences_whatever_the_samples_per_prompt(
 def test_the_tiny_task_s_prompts_split_over_the_data_parallel_ranks(samples, ranks, prompts):
     """pack.prompts_for rounds down to a batch that splits over the ranks (50 at 5 samples on 8 GPUs: 50 % 8 = 2 was
     refused by validation, 2026-12-04); an invalid layout (dp -1 or 0) counts as one rank."""
-    from recipes.resolvers import _prompts_for
+    from recipes.compose.resolvers import _prompts_for
 
     assert _prompts_for(50, samples, ranks) == prompts
     assert prompts * samples % max(1, ranks) == 0

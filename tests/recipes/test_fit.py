@@ -14,7 +14,7 @@ import recipes.check.fit as fit
 from hybrid_engine.plan import build_plan
 from hybrid_engine.plan.render import gib_text
 from recipes.check.validate import check
-from recipes.compose import compose_recipe
+from recipes.compose.compose import compose_recipe
 
 # Qwen2.5-32B under Megatron TP4 x PP2 on one node of 80 GiB GPUs: the rollout's share plus the resident actor,
 # ref and optimizer states overflow the GPU in generation. At the source article's budgets (3x / 4x): the auto

@@ -10,8 +10,8 @@ import verl.utils.config as verl_config
 from omegaconf import OmegaConf
 
 from recipes.check.validate import check
-from recipes.compose import compose_recipe
-from recipes.defaults import embedded_defaults
+from recipes.compose.compose import compose_recipe
+from recipes.compose.defaults import embedded_defaults
 from recipes.launch import run_recipe
 from recipes.verl_ext import api
 
@@ -125,7 +125,7 @@ def test_machine_readable_output_is_only_data_on_stdout(tmp_path, recipe_cli):
 def test_an_override_before_a_hydra_flag_keeps_the_embedded_defaults_beside_it(tmp_path, recipe_cli):
     """``strategy=fsdp --cfg job``: the embedded CPU defaults go in beside the typed overrides (after ``job`` Hydra's
     parser refused them: "unrecognized arguments")."""
-    from recipes.overrides import with_overrides
+    from recipes.compose.overrides import with_overrides
 
     assert with_overrides(["strategy=fsdp", "--cfg", "job"], ["model=tiny"]) == [
         "model=tiny", "strategy=fsdp", "--cfg", "job"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from recipes.check.validate import validate
-from recipes.compose import compose_recipe
+from recipes.compose.compose import compose_recipe
 
 
 def resolved(recipe, *overrides):

@@ -13,8 +13,8 @@ import subprocess
 import pytest
 import yaml
 
-from recipes.confdir import conf_dir, group_options, pack_groups, recipe_defaults
-from recipes.defaults import EMBEDDED_DEFAULTS
+from recipes.compose.confdir import conf_dir, group_options, pack_groups, recipe_defaults
+from recipes.compose.defaults import EMBEDDED_DEFAULTS
 from recipes.launch import ACTIONS
 from tests.conftest import checkout_env
 
@@ -229,7 +229,7 @@ def test_help_kl_ends_with_the_numbers_the_command_line_runs_with(recipe, args, 
     """The numbers are the composed config's (the embedded tiny task's on this GPU-less machine), not kl/'s own."""
     from omegaconf import OmegaConf
 
-    from recipes.compose import compose_recipe
+    from recipes.compose.compose import compose_recipe
 
     proc = recipe_main(recipe, "--help", "kl", *args, cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -1,4 +1,5 @@
-"""Compositions that reuse Hydra's parsed config files (recipes/hydra_cache.py) are the compositions Hydra makes."""
+"""Compositions that reuse Hydra's parsed config files (recipes/compose/hydra_cache.py) are the compositions Hydra
+makes."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import shutil
 import pytest
 from omegaconf import OmegaConf
 
-from recipes import hydra_cache
-from recipes.compose import compose_recipe
-from recipes.confdir import CONF_DIR_ENV, conf_dir
+from recipes.compose import hydra_cache
+from recipes.compose.compose import compose_recipe
+from recipes.compose.confdir import CONF_DIR_ENV, conf_dir
 
 COMMANDS = [("grpo", []), ("kl_ppo", ["kl=ramp", "parallel=tp2"]), ("grpo", [])]
 

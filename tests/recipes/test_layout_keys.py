@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from recipes.compose import compose_recipe
-from recipes.confdir import group_options
-from recipes.layout_keys import LAYOUT_FED_KEYS, adopt, find_adoptions
+from recipes.compose.compose import compose_recipe
+from recipes.compose.confdir import group_options
+from recipes.compose.layout_keys import LAYOUT_FED_KEYS, adopt, find_adoptions
 
 CASES = [
     ("fsdp2", "tp1", []), ("fsdp2", "tp2", []), ("fsdp2", "tp4", []), ("fsdp2", "tp8", []),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from recipes import launch
-from recipes.defaults import cluster_presets, preset_for
+from recipes.compose.defaults import cluster_presets, preset_for
 from recipes.launch import run_recipe
 
 H100 = ("NVIDIA H100 80GB HBM3", 81_559 / 1024)

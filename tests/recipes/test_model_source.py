@@ -12,10 +12,10 @@ from omegaconf import OmegaConf
 
 from hybrid_engine.model_spec import MODEL_CONFIG_DIR, shipped_name_of_hub_id
 from recipes.check.validate import check, load_model_arch
-from recipes.compose import compose_recipe
-from recipes.confdir import group_options
-from recipes.defaults import EMBEDDED_DEFAULTS, GPU_INTENT_KEYS, chooses_layout, embedded_defaults
-from recipes.layout_keys import LAYOUT_FED_KEYS
+from recipes.compose.compose import compose_recipe
+from recipes.compose.confdir import group_options
+from recipes.compose.defaults import EMBEDDED_DEFAULTS, GPU_INTENT_KEYS, chooses_layout, embedded_defaults
+from recipes.compose.layout_keys import LAYOUT_FED_KEYS
 
 PATH = "actor_rollout_ref.model.path"
 

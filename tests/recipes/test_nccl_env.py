@@ -9,8 +9,8 @@ from omegaconf import OmegaConf
 
 from recipes.check.validate import validate
 from recipes.cluster.nccl_env import ray_init_runtime_env, verl_runtime_env, worker_env
-from recipes.compose import compose_recipe
-from recipes.defaults import embedded_defaults
+from recipes.compose.compose import compose_recipe
+from recipes.compose.defaults import embedded_defaults
 from recipes.errors import ConfigError
 from recipes.record.bundle import write_record
 from recipes.run.finalize import finalize

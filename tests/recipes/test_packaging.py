@@ -7,7 +7,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from recipes.confdir import conf_dir, group_options
+from recipes.compose.confdir import conf_dir, group_options
 
 ROOT = Path(__file__).resolve().parents[2]
 

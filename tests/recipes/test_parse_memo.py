@@ -1,4 +1,4 @@
-"""Kept interpolation parses (recipes/parse_memo.py) resolve every config as OmegaConf's own parsing does."""
+"""Kept interpolation parses (recipes/compose/parse_memo.py) resolve every config as OmegaConf's own parsing does."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from omegaconf import OmegaConf
 from omegaconf import base as omegaconf_base
 from omegaconf.errors import GrammarParseError
 
-from recipes import parse_memo
-from recipes.compose import compose_recipe
+from recipes.compose import parse_memo
+from recipes.compose.compose import compose_recipe
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import pytest
 
 from recipes.check.plan import make_plan, run_plan
 from recipes.check.validate import check
-from recipes.compose import compose_recipe
+from recipes.compose.compose import compose_recipe
 
 SEED = ["strategy=megatron", "parallel=tp8pp4", "cluster.nnodes=4", "action=plan"]
 

@@ -1,14 +1,14 @@
 """A pasted verl script keeps verl's semantics where it leaves keys unset: its batching mode follows its own keys
-(recipes/compose.py ``adopt_batching``), and every other verl default the pack changes is listed once on stderr with
-the override that restores it (recipes/verl_ext/verl_tree.py; checked against verl's own composition of each example
-script by tests/recipes/test_verl_examples.py)."""
+(recipes/compose/compose.py ``adopt_batching``), and every other verl default the pack changes is listed once on stderr
+with the override that restores it (recipes/verl_ext/verl_tree.py; checked against verl's own composition of each
+example script by tests/recipes/test_verl_examples.py)."""
 
 from __future__ import annotations
 
 import pytest
 from omegaconf import OmegaConf
 
-from recipes.compose import adopt_batching
+from recipes.compose.compose import adopt_batching
 from recipes.launch import run_recipe
 from recipes.verl_ext.verl_tree import hydra_value, is_verl_script, restoring_override
 from tests.conftest import ROOT

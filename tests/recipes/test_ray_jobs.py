@@ -23,8 +23,8 @@ from recipes.cluster.ray_jobs import (
     run_sweep,
     summary_table,
 )
-from recipes.compose import compose_recipe
-from recipes.defaults import embedded_defaults
+from recipes.compose.compose import compose_recipe
+from recipes.compose.defaults import embedded_defaults
 from recipes.errors import ConfigError
 
 CPU = embedded_defaults([], accelerator=False)  # parallel=cpu cluster=cpu rollout=hf model=tiny task=tiny

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from recipes.compose import compose_recipe
+from recipes.compose.compose import compose_recipe
 from recipes.record.redact import REDACTED, is_secret_name, redact_config
 
 LAYOUTS = [

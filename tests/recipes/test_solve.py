@@ -17,8 +17,8 @@ import pytest
 from recipes.check.plan import cluster_spec, make_plan, plan_settings
 from recipes.check.solve import solve_run
 from recipes.check.validate import check, validate
-from recipes.compose import compose_recipe
-from recipes.defaults import embedded_defaults
+from recipes.compose.compose import compose_recipe
+from recipes.compose.defaults import embedded_defaults
 from tests.conftest import run_recipe_main
 from tests.readme import check_block
 

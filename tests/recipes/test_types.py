@@ -27,8 +27,8 @@ from omegaconf import OmegaConf, open_dict
 
 from recipes.check import schema as S
 from recipes.check.validate import check
-from recipes.compose import compose_recipe
-from recipes.layout_keys import REPEATED_KEYS
+from recipes.compose.compose import compose_recipe
+from recipes.compose.layout_keys import REPEATED_KEYS
 from recipes.verl_ext import api
 from recipes.verl_ext import types as T
 

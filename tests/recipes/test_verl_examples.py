@@ -26,10 +26,10 @@ from hydra.core.override_parser.types import OverrideType
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from recipes.check.validate import validate
-from recipes.compose import compose_recipe
+from recipes.compose.compose import compose_recipe
+from recipes.compose.overrides import override_value
 from recipes.errors import ConfigError
 from recipes.launch import run_recipe
-from recipes.overrides import override_value
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES_FILE = ROOT / "tests" / "data" / "verl_examples.json"

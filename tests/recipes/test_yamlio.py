@@ -5,7 +5,7 @@ from __future__ import annotations
 import yaml
 from omegaconf import OmegaConf
 
-from recipes.compose import compose_recipe
+from recipes.compose.compose import compose_recipe
 from recipes.record import yamlio
 
 TRICKY = {"exp": "1e-3", "bool_word": "true", "yes_no": "n", "null_word": "null", "tilde": "~", "empty": "",

@@ -2,16 +2,17 @@
 
 They are not written here: they are read from the recipes' embedded CPU default, the one place that holds them.
 The recipe (``conf/grpo.yaml``) is composed with the embedded default's options (``parallel=cpu``, ``cluster=cpu``,
-``rollout=hf``, ``model=tiny``, ``task=tiny``, see :mod:`recipes.defaults`) and its default ``strategy`` (fsdp2: verl
-would otherwise take FSDP1, which refuses modules on the CPU). The keys are every verl key that those options' files
-set (with the files they include, e.g. ``cluster/_node.yaml``), plus the verl keys the recipes route from those files'
-keys (``trainer.n_gpus_per_node: ${cluster.gpus_per_node}``, ``actor_rollout_ref.rollout.tensor_model_parallel_size:
-${layout.infer.tp}``, ``critic.model.path: ${actor_rollout_ref.model.path}``); each takes its value in the recipe's
-resolved config. Keys whose value is verl's own default already are left out (they would change nothing); a
-leading ``+`` marks a key that verl 0.9.1's tree (``verl/trainer/config/ppo_trainer.yaml``) does not declare, so
-Hydra must add it. The tiny assets' paths stay placeholders, ``{model_dir}``, ``{train_parquet}``, ``{val_parquet}``,
-``{reward_py}``, filled from :class:`recipes.verl_ext.demo.TinyAssets` by :func:`cli_overrides`. The reason for each
-key is the comment beside it in its conf file (:data:`ORIGINS` names the file).
+``rollout=hf``, ``model=tiny``, ``task=tiny``, see :mod:`recipes.compose.defaults`) and its default ``strategy`` (fsdp2:
+verl would otherwise take FSDP1, which refuses modules on the CPU). The keys are every verl key that those options'
+files set (with the files they include, e.g. ``cluster/_node.yaml``), plus the verl keys the recipes route from those
+files' keys (``trainer.n_gpus_per_node: ${cluster.gpus_per_node}``,
+``actor_rollout_ref.rollout.tensor_model_parallel_size: ${layout.infer.tp}``, ``critic.model.path:
+${actor_rollout_ref.model.path}``); each takes its value in the recipe's resolved config. Keys whose value is verl's own
+default already are left out (they would change nothing); a leading ``+`` marks a key that verl 0.9.1's tree
+(``verl/trainer/config/ppo_trainer.yaml``) does not declare, so Hydra must add it. The tiny assets' paths stay
+placeholders, ``{model_dir}``, ``{train_parquet}``, ``{val_parquet}``, ``{reward_py}``, filled from
+:class:`recipes.verl_ext.demo.TinyAssets` by :func:`cli_overrides`. The reason for each key is the comment beside it in
+its conf file (:data:`ORIGINS` names the file).
 
 :data:`CPU_VERL_OVERRIDES` (all keys, in order, with the demo run's own settings last), :data:`GROUPS` (the same,
 per conf option), :data:`ORIGINS` and :func:`world_size` are computed on first use (two Hydra compositions, a few
@@ -32,9 +33,9 @@ from typing import Any
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from recipes.compose import compose_recipe
-from recipes.confdir import conf_dir, config_defaults, included_files, recipe_defaults
-from recipes.defaults import EMBEDDED_DEFAULTS, embedded_defaults
+from recipes.compose.compose import compose_recipe
+from recipes.compose.confdir import conf_dir, config_defaults, included_files, recipe_defaults
+from recipes.compose.defaults import EMBEDDED_DEFAULTS, embedded_defaults
 from recipes.verl_ext.verl_tree import own_hydra
 
 __all__ = [
@@ -60,8 +61,8 @@ ORIGINS: dict[str, Path]
 _RECIPE = "grpo"
 # the recipe's default strategy is part of the CPU setup (FSDP2 runs over gloo; verl's default FSDP1 does not)
 _ALSO_FROM = ("strategy",)
-# ${pack.asset:KEY} -> the field of TinyAssets it names (as recipes.resolvers does); the list holds "{field}" and
-# cli_overrides fills it from the assets it is given
+# ${pack.asset:KEY} -> the field of TinyAssets it names (as recipes.compose.resolvers does); the list holds "{field}"
+# and cli_overrides fills it from the assets it is given
 _ASSET_FIELDS = {"model": "model_dir", "train": "train_parquet", "val": "val_parquet", "reward": "reward_py"}
 _ASSET = re.compile(r"^\$\{pack\.asset:(\w+)\}$")
 _ROUTE = re.compile(r"^\$\{([A-Za-z_][\w]*(?:\.[\w]+)*)\}$")

@@ -13,7 +13,7 @@ import pytest
 from omegaconf import OmegaConf
 from verl.trainer.ppo.utils import need_critic, need_reference_policy
 
-from recipes.compose import compose_recipe
+from recipes.compose.compose import compose_recipe
 from recipes.verl_ext import api
 
 CASES = list(itertools.product(

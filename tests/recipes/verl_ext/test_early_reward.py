@@ -8,7 +8,7 @@ import copy
 
 from omegaconf import OmegaConf
 
-from recipes.compose import compose_recipe
+from recipes.compose.compose import compose_recipe
 from recipes.verl_ext import early_reward
 
 

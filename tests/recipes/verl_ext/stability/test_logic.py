@@ -25,7 +25,7 @@ from recipes.verl_ext.stability.rollback import degrade
 
 
 def _cfg(*overrides):
-    from recipes.compose import compose_recipe
+    from recipes.compose.compose import compose_recipe
 
     return compose_recipe("grpo", ["parallel=cpu", "cluster=cpu", "rollout=hf", "model=tiny", "task=tiny", *overrides])
 

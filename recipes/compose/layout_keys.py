@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 ROLE_STRATEGY_KEYS = ("actor_rollout_ref.actor.strategy", "actor_rollout_ref.ref.strategy", "critic.strategy")
-"""verl's per-role engine choice; the pack sets all three from ``strategy=`` (recipes.compose.refuse_mixed_engines)"""
+"""verl's per-role engine choice; the pack sets all three from ``strategy=``
+(recipes.compose.compose.refuse_mixed_engines)"""
 
 # verl key -> the pack key it repeats
 LAYOUT_FED_KEYS: dict[str, str] = {

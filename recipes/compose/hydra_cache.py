@@ -2,8 +2,8 @@
 
 Hydra's config repository reads, parses and wraps every file of a composition again on each compose: a recipe
 composes from about 110 YAML files (the pack's groups and verl's ``ppo_trainer`` tree). Callers that compose many
-times in one process (a script or notebook calling ``recipes.compose.compose_recipe`` per variant, the test suite)
-pay that each time. :func:`install` makes ``ConfigRepository.load_config`` keep each file's result, keyed by its
+times in one process (a script or notebook calling ``recipes.compose.compose.compose_recipe`` per variant, the test
+suite) pay that each time. :func:`install` makes ``ConfigRepository.load_config`` keep each file's result, keyed by its
 source, its path and a digest of the file's bytes (reading the files takes milliseconds; parsing them is the cost),
 and hand out a deep copy (Hydra edits what it loads: the ``defaults`` list is taken out). A file changed on disk is
 read again; configs from Hydra's ConfigStore (structured configs, changeable in-process) and sources without a file

@@ -24,7 +24,7 @@ def conf_dir() -> Path:
         if not path.is_dir():
             raise FileNotFoundError(f"{CONF_DIR_ENV}={override}: no such folder")
         return path
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parents[1]  # the recipes package (this module is in recipes/compose/)
     for candidate in (here.parent / "conf", here / "conf"):
         if (candidate / "grpo.yaml").is_file():
             return candidate

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import yaml
 
-from recipes.confdir import conf_dir, group_options
+from recipes.compose.confdir import conf_dir, group_options
+from recipes.compose.layout_keys import LAYOUT_FED_KEYS
+from recipes.compose.overrides import chosen_keys, override_key, override_value
 from recipes.errors import ConfigError
-from recipes.layout_keys import LAYOUT_FED_KEYS
-from recipes.overrides import chosen_keys, override_key, override_value
 
 # Groups that make the embedded CPU default; each is added only when the user did not choose it.
 EMBEDDED_DEFAULTS = {"parallel": "cpu", "cluster": "cpu", "rollout": "hf", "model": "tiny", "task": "tiny",

@@ -8,8 +8,8 @@ import os
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from recipes import parse_memo
 from recipes.cluster.ray_resources import cpus_needed
+from recipes.compose import parse_memo
 
 _ASSET_FIELDS = {
     # key -> field of recipes.verl_ext.demo.TinyAssets (built on first use, then cached)
@@ -120,7 +120,7 @@ def _product(values) -> int:
 
 def register_resolvers() -> None:
     """Register every ``pack.*`` resolver once (safe to call repeatedly), and keep OmegaConf's parses of
-    interpolations for the rest of the process (recipes/parse_memo.py)."""
+    interpolations for the rest of the process (recipes/compose/parse_memo.py)."""
     parse_memo.install()
     for name, fn in RESOLVERS.items():
         if not OmegaConf.has_resolver(name):

@@ -9,19 +9,20 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 
-from recipes import hydra_cache
-from recipes.confdir import conf_dir, group_options, pack_groups, recipe_defaults
+from recipes.compose import hydra_cache
+from recipes.compose.confdir import conf_dir, group_options, pack_groups, recipe_defaults
+from recipes.compose.layout_keys import ROLE_STRATEGY_KEYS
+from recipes.compose.overrides import override_key, override_value
+from recipes.compose.resolvers import register_resolvers
 from recipes.errors import ConfigError
-from recipes.layout_keys import ROLE_STRATEGY_KEYS
-from recipes.overrides import override_key, override_value
-from recipes.resolvers import register_resolvers
 
 RECIPES = ("grpo", "kl_ppo")
 
 
 def compose_recipe(recipe: str, overrides: list[str] | None = None) -> DictConfig:
     """The composed (unresolved) config of `recipe` with command-line style `overrides`; ConfigError if it fails.
-    After the first, compositions in this process reuse the config files Hydra parsed (recipes/hydra_cache.py)."""
+    After the first, compositions in this process reuse the config files Hydra parsed
+    (recipes/compose/hydra_cache.py)."""
     if recipe not in RECIPES:
         raise ConfigError(f"recipe: unknown recipe {recipe!r}; choose from {', '.join(RECIPES)}")
     register_resolvers()

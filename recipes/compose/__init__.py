@@ -1,0 +1,1 @@
+"""Composes a recipe's config from conf/ and the command line."""
