@@ -33,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from recipes.check.needs import column_problems, engine_notes, machine_notes, train_problems
 from recipes.check.validate import ValidatedRun, check, validate
+from recipes.cli.help import SCRIPTS, help_topic, print_help
 from recipes.cluster.ray_jobs import preflight, submit_from_hydra
 from recipes.cluster.sweep import expand_jobs, job_result, sweep_problems
 from recipes.compose import hydra_cache
@@ -59,7 +60,6 @@ from recipes.compose.overrides import has_hydra_flags, with_overrides
 from recipes.compose.resolvers import register_resolvers
 from recipes.envvars import RAY_JOB, getenv
 from recipes.errors import ConfigError, exit_with, report
-from recipes.help import SCRIPTS, help_topic, print_help
 from recipes.record.bundle import write_record
 from recipes.record.rundir import Reservation, claim, lock, refuse_location, release, reserve, unlock
 from recipes.run import gc_threshold

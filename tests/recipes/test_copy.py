@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from recipes.cli.copy import MARKER, copy_recipe, main
 from recipes.compose.confdir import CONF_DIR_ENV, entry_command, group_options, pack_groups
-from recipes.copy import MARKER, copy_recipe, main
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -259,7 +259,7 @@ def print_help(recipe: str, prog: str, argv: list[str], embedded: dict[str, str]
         print(f"--help: unknown topic {topic!r}; choose from {topics_list()}", file=sys.stderr)
         return 2
     if TOPICS.get(topic, topic) == "kl":
-        from recipes.help_values import kl_lines  # lazy: composes the config (Hydra), for this topic only
+        from recipes.cli.help_values import kl_lines  # lazy: composes the config (Hydra), for this topic only
 
         try:
             sys.stdout.write("\n" + "\n".join(kl_lines(recipe, without_help(argv))) + "\n")

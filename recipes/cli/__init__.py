@@ -1,0 +1,1 @@
+"""The user's tools around a run: --help, and copying a recipe into a team repository."""
