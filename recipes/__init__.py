@@ -1,4 +1,18 @@
-"""klppo-recipes: Hydra recipes for KL-PPO and GRPO on verl: ``python -m recipes.grpo`` / ``recipes.kl_ppo``."""
+"""klppo-recipes: Hydra recipes for KL-PPO and GRPO on verl: ``python -m recipes.grpo`` / ``recipes.kl_ppo``.
+
+The launch flow of one run (recipes/launch.py), each stage once, each in its own subpackage:
+
+    compose   recipes/compose/   conf/ and the command line -> one Hydra config (compose.py, defaults.py)
+    validate  recipes/check/     the pack's checks, memory and verl's validator -> ValidatedRun (validate.py)
+    finalize  recipes/run/       loggers, the workers' env, verl's hooks -> FinalRun, the config verl gets (finalize.py)
+    record    recipes/record/    the run folder, resolved_config.yaml, repro/ (rundir.py, bundle.py)
+    action    validate | plan (recipes/check/plan.py) | train (recipes/run/train.py; launcher=ray:
+              recipes/cluster/ray_jobs.py)
+
+Around the run: recipes/cli/ (``--help``, ``python -m recipes.copy``), recipes/cluster/ (Ray Jobs, NCCL env,
+sweeps) and recipes/verl_ext/ (everything that touches verl, pinned to 0.9.1). At the top: the entry points
+(grpo.py, kl_ppo.py, copy.py), launch.py (the flow), errors.py (ConfigError) and envvars.py (``KLPPO_*``).
+"""
 
 import importlib.util
 import os

@@ -3,6 +3,20 @@
     compose (Hydra, once) -> validate (a pure check: ValidatedRun) -> finalize (FinalRun: the config verl gets)
     -> record (resolved_config.yaml, repro/, nccl_env.json) -> the action: validate | plan | train
 
+and the modules each step calls:
+
+    compose   run_recipe: recipes.cli.help (--help), recipes.compose.compose (adopt_* / refuse_*: a pasted verl
+              script's keys), recipes.compose.defaults (the embedded CPU default), recipes.compose.overrides,
+              recipes.compose.resolvers; run_single composes with Hydra (recipes.compose.confdir: conf/)
+    validate  checked_run: recipes.check.validate (schema, memory fit, lookups, verl's validator),
+              recipes.check.needs (what this machine needs for action=train), recipes.cluster.ray_jobs.preflight;
+              before it the run folder is reserved (recipes.record.rundir; run.resume=: recipes.run.resume)
+    finalize  perform: recipes.run.finalize (loggers, every worker's env from recipes.cluster.nccl_env)
+    record    perform: recipes.record.bundle (resolved_config.yaml, repro/, nccl_env.json)
+    action    validate: a line; plan: recipes.check.plan; train: recipes.run.train, or with launcher=ray
+              recipes.cluster.ray_jobs (a Ray Job running this same flow); a -m sweep: check_sweep with
+              recipes.cluster.sweep, then each job through :func:`execute`
+
 A single run composes with Hydra's own machinery, is validated before anything exists on disk (a bad input leaves
 no run folder), then runs as a Hydra job (``run_job``: run folder, ``.hydra/``, logging) exactly as ``@hydra.main``
 would run it. A command line with Hydra flags (``-m``, ``--cfg job``, ``--help``, ``-sc ...``) goes to

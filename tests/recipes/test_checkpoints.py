@@ -98,7 +98,7 @@ def test_a_full_disk_is_one_line_naming_the_path_and_the_old_file_stays(tmp_path
     ray_text = "ray.exceptions.RayTaskError(OSError): ... OSError: [Errno 28] No space left on device: '/r/x.pt'"
     assert disk_full_line(RuntimeError(ray_text)).startswith("could not write /r/x.pt: no space left on device")
     # the pack's own record written in a Ray worker (kl_control.json, the marker): its one line crosses over
-    worker_text = f"ray.exceptions.RayTaskError(WriteFailed): ...\nrecipes.records.WriteFailed: {raised.value}\n"
+    worker_text = f"ray.exceptions.RayTaskError(WriteFailed): ...\nrecipes.record.records.WriteFailed: {raised.value}\n"
     assert disk_full_line(RuntimeError(worker_text)) == str(raised.value)
 
 
