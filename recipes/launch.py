@@ -5,9 +5,10 @@
 
 and the modules each step calls:
 
-    compose   run_recipe: recipes.cli.help (--help), recipes.compose.compose (adopt_* / refuse_*: a pasted verl
-              script's keys), recipes.compose.defaults (the embedded CPU default), recipes.compose.overrides,
-              recipes.compose.resolvers; run_single composes with Hydra (recipes.compose.confdir: conf/)
+    compose   run_recipe: recipes.cli.help (--help); the command line split once (recipes.compose.overrides
+              CommandLine), read by recipes.compose.compose (adopt_* / refuse_*: a pasted verl script's keys) and
+              recipes.compose.defaults (the embedded CPU default); recipes.compose.resolvers; run_single composes
+              with Hydra (recipes.compose.confdir: conf/)
     validate  checked_run: recipes.check.validate (schema, memory fit, lookups, verl's validator),
               recipes.check.needs (what this machine needs for action=train), recipes.cluster.ray_jobs.preflight;
               before it the run folder is reserved (recipes.record.rundir; run.resume=: recipes.run.resume)
@@ -70,7 +71,7 @@ from recipes.compose.defaults import (
     has_accelerator,
     machine_cluster,
 )
-from recipes.compose.overrides import has_hydra_flags, with_overrides
+from recipes.compose.overrides import CommandLine, with_overrides
 from recipes.compose.resolvers import register_resolvers
 from recipes.envvars import RAY_JOB, getenv
 from recipes.errors import ConfigError, exit_with, report
@@ -111,37 +112,37 @@ def run_recipe(recipe: str, argv: list[str] | None = None) -> None:
         sys.argv = [hydra_argv0] + (["--hydra-help"] if "--hydra-help" in argv else argv)
         hydra.main(config_path=str(conf_dir()), config_name=recipe, version_base=None)(execute)()
         return
-    try:
-        argv, notices = adopt_verl_primary(argv)
-        argv, engine_notes = adopt_engine_switch(argv, recipe)
-        refuse_mixed_engines(argv, recipe)
-        argv, batching_notes = adopt_batching(argv)
+    try:  # the command line, split once (CommandLine); each rule reads it
+        command, notices = adopt_verl_primary(CommandLine.parse(argv))
+        command, engine_notes = adopt_engine_switch(command, recipe)
+        refuse_mixed_engines(command, recipe)
+        command, batching_notes = adopt_batching(command)
     except ConfigError as error:
         exit_with(error)
     notices += engine_notes + batching_notes
     accelerator = has_accelerator()
     # the recipe's own strategy matters only without a GPU (a copy made with strategy=megatron plans for GPUs)
     recipe_strategy = None if accelerator else recipe_defaults(recipe).get("strategy")
-    added = embedded_defaults(argv, accelerator, recipe_strategy)
+    added = embedded_defaults(command, accelerator, recipe_strategy)
     if accelerator:
         try:
-            machine_added, machine_notes = machine_cluster(argv, gpu_found())
+            machine_added, machine_notes = machine_cluster(command, gpu_found())
         except ConfigError as error:
             exit_with(error)
         added += machine_added
         notices += machine_notes
-    gpu_only = gpu_only_strategy(argv, recipe_strategy)
+    gpu_only = gpu_only_strategy(command, recipe_strategy)
     if added:
         notices.append(f"no GPU found: embedded CPU defaults {' '.join(added)} "
                        "(choose parallel=/cluster= to plan for GPUs)")
-    elif not accelerator and not chooses_layout(argv) and gpu_only:
+    elif not accelerator and not chooses_layout(command) and gpu_only:
         notices.append(f"no GPU found: strategy={gpu_only} plans for the recipe's GPU cluster (verl's Megatron "
                        "engine needs GPUs; strategy=fsdp2 runs the embedded CPU default)")
-    elif not accelerator and not chooses_layout(argv) and gpu_only_rollout(argv):
-        notices.append(f"no GPU found: rollout={gpu_only_rollout(argv)} plans for the recipe's GPU cluster (it "
+    elif not accelerator and not chooses_layout(command) and gpu_only_rollout(command):
+        notices.append(f"no GPU found: rollout={gpu_only_rollout(command)} plans for the recipe's GPU cluster (it "
                        "generates on GPUs; rollout=hf runs the embedded CPU default)")
-    if has_hydra_flags(argv):
-        hydra_argv = with_overrides(argv, added)
+    if command.has_hydra_flags:
+        hydra_argv = with_overrides(command, added)
         try:
             check_sweep(recipe, hydra_argv)
         except ConfigError as error:
@@ -152,7 +153,7 @@ def run_recipe(recipe: str, argv: list[str] | None = None) -> None:
         hydra.main(config_path=str(conf_dir()), config_name=recipe, version_base=None)(execute)()
         return
     try:
-        run_single(recipe, argv + added, notices)
+        run_single(recipe, command.plus(added), notices)
     except ConfigError as error:
         exit_with(error)
 
@@ -173,22 +174,23 @@ def main_kl_ppo() -> None:
     run_recipe("kl_ppo")
 
 
-def run_single(recipe: str, argv: list[str], notices: list[str] | None = None) -> None:
+def run_single(recipe: str, argv: list[str] | CommandLine, notices: list[str] | None = None) -> None:
     """One run, as Hydra's ``run`` does it, with validation between composing and the job: compose, pin the run
     folder, check (ConfigError: nothing was created), then run the job. ``notices`` are shown once the config is
     valid (a bad input gets its error line only)."""
-    refuse_shared_parts(argv)
+    command = CommandLine.parse(argv)
+    refuse_shared_parts(command)
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None, job_name=recipe):
         app = GlobalHydra.instance().hydra
         try:
-            cfg = app.compose_config(recipe, argv, run_mode=RunMode.RUN, with_log_configuration=True)
+            cfg = app.compose_config(recipe, list(command.args), run_mode=RunMode.RUN, with_log_configuration=True)
         except HydraException as error:
             failed = error
         else:
             failed = None
             run_composed(app, recipe, cfg, notices or [])
     if failed is not None:  # explained outside Hydra's context: the explanation composes again to suggest a key
-        raise ConfigError(explain_hydra_error(failed, argv, recipe))
+        raise ConfigError(explain_hydra_error(failed, command, recipe))
 
 
 def run_composed(app, recipe: str, cfg: DictConfig, notices: list[str]) -> None:

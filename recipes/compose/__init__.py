@@ -2,7 +2,7 @@
 
 - compose.py: composes a recipe as ``python -m recipes.<name>`` does; adopts a pasted verl script's primary config,
   engine switch and batching keys; refuses mixed engines and shared parts; Hydra's errors as one line each;
-- overrides.py: a command-line override's key and value, and Hydra's own flags (``-m``, ``--cfg``);
+- overrides.py: the command line split once (``CommandLine``: each override's key, value, deletion; Hydra's flags);
 - defaults.py: the embedded CPU default, and what counts as choosing a GPU layout instead;
 - layout_keys.py: the verl keys that repeat a layout or cluster number, and how a typed one is adopted;
 - confdir.py: where conf/ is (checkout, wheel, a copied recipe) and what is in it: groups, options, a recipe's defaults;

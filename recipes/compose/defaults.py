@@ -10,11 +10,13 @@ overrides from there too.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import yaml
 
 from recipes.compose.confdir import conf_dir, group_options
 from recipes.compose.layout_keys import LAYOUT_FED_KEYS
-from recipes.compose.overrides import chosen_keys, override_key, override_value
+from recipes.compose.overrides import CommandLine
 from recipes.errors import ConfigError
 
 # Groups that make the embedded CPU default; each is added only when the user did not choose it.
@@ -35,30 +37,25 @@ def has_accelerator() -> bool:
     return torch.cuda.is_available()
 
 
-def chooses_layout(argv: list[str]) -> bool:
+def chooses_layout(argv: Sequence[str] | CommandLine) -> bool:
     """True when the command line describes a layout: a GPU_INTENT group, or a verl layout key set to a value
     (``trainer.n_gpus_per_node=8``, ``+trainer.nnodes=2``; deleting one with ``~`` describes nothing)."""
-    if chosen_keys(argv) & set(GPU_INTENT):
+    command = CommandLine.parse(argv)
+    if command.keys() & set(GPU_INTENT):
         return True
-    typed = {override_key(arg) for arg in argv if not arg.startswith("~")}
-    if _typed(argv, "plan.solve") == "true" and _typed(argv, "action") == "plan":
+    typed = {o.key for o in command.overrides if not o.deletes}
+    if command.last("plan.solve") == "true" and command.last("action") == "plan":
         return True  # the layout search (recipes/check/solve.py) chooses a GPU layout for the chosen cluster
     return bool(typed & set(GPU_INTENT_KEYS))
-
-
-def _typed(argv: list[str], key: str) -> str | None:
-    """The last value typed for ``key`` (lower case), None when it was not typed."""
-    values = [override_value(arg).strip().lower() for arg in argv if override_key(arg) == key]
-    return values[-1] if values else None
 
 
 # Strategies whose verl engine needs GPUs (verl 0.9.1's Megatron workers are CUDA-only): choosing one plans for GPUs
 GPU_ONLY_STRATEGIES = ("megatron",)
 
 
-def gpu_only_strategy(argv: list[str], recipe_strategy: str | None) -> str | None:
+def gpu_only_strategy(argv: Sequence[str] | CommandLine, recipe_strategy: str | None) -> str | None:
     """The strategy, typed or the recipe's default (a copy made with ``strategy=megatron``), when it needs GPUs."""
-    typed = _typed(argv, "strategy")
+    typed = CommandLine.parse(argv).last("strategy")
     strategy = typed if typed is not None else recipe_strategy
     return strategy if strategy in GPU_ONLY_STRATEGIES else None
 
@@ -68,16 +65,19 @@ def gpu_only_strategy(argv: list[str], recipe_strategy: str | None) -> str | Non
 GPU_ONLY_ROLLOUTS = ("vllm", "sglang")
 
 
-def gpu_only_rollout(argv: list[str]) -> str | None:
+def gpu_only_rollout(argv: Sequence[str] | CommandLine) -> str | None:
     """The rollout engine the command line types, when it generates on GPUs only."""
-    typed = _typed(argv, "actor_rollout_ref.rollout.name") or _typed(argv, "rollout")
+    command = CommandLine.parse(argv)
+    typed = command.last("actor_rollout_ref.rollout.name") or command.last("rollout")
     return typed if typed in GPU_ONLY_ROLLOUTS else None
 
 
-def embedded_defaults(argv: list[str], accelerator: bool, recipe_strategy: str | None = None) -> list[str]:
+def embedded_defaults(argv: Sequence[str] | CommandLine, accelerator: bool,
+                      recipe_strategy: str | None = None) -> list[str]:
     """The overrides to add for the embedded CPU default: none on a GPU machine, when a layout was chosen, or for a
     strategy whose engine needs GPUs (the embedded default trains with FSDP2 on CPU)."""
-    chosen = chosen_keys(argv)
+    argv = CommandLine.parse(argv)
+    chosen = argv.keys()
     # launcher=ray: the run goes to an existing cluster, whose hardware is not this machine's
     # (recipes/cluster/ray_jobs.py)
     if (accelerator or chooses_layout(argv) or "launcher=ray" in argv or gpu_only_strategy(argv, recipe_strategy)
@@ -121,27 +121,28 @@ def preset_for(name: str, memory_gib: float, presets: dict[str, float]) -> str |
     return min(family, key=lambda option: abs(presets[option] - memory_gib)) if family else None
 
 
-def machine_cluster(argv: list[str], found: tuple[str, float] | None) -> tuple[list[str], list[str]]:
+def machine_cluster(argv: Sequence[str] | CommandLine, found: tuple[str, float] | None) -> tuple[list[str], list[str]]:
     """For a run on this machine's GPUs (no ``launcher=ray``): the cluster preset of the GPU it has where the command
     line chose none, with a notice; for one that trains here, a ConfigError where the chosen preset plans for more
     memory per GPU than the GPU has. Returns (overrides to add, notices)."""
+    argv = CommandLine.parse(argv)
     if found is None or "launcher=ray" in argv:
         return [], []
     name, gib = found
     presets = cluster_presets()
     matching = preset_for(name, gib, presets)
-    typed = _typed(argv, "cluster")
+    typed = argv.last("cluster")
     if typed is None:
-        if any(override_key(arg).startswith("cluster.gpu.") for arg in argv):
+        if any(o.key.startswith("cluster.gpu.") for o in argv.overrides):
             return [], []
         if matching is None:
             return [], [f"GPU found: {name} ({gib:.1f} GiB), no cluster preset of its kind: the plan assumes the "
                         f"recipe's (cluster=<option> or cluster.gpu.memory_gib={gib:.0f} for this one)"]
         return [f"cluster={matching}"], [f"GPU found: {name} ({gib:.1f} GiB): cluster={matching}"]
-    if (_typed(argv, "action") or "train") != "train":
+    if (argv.last("action") or "train") != "train":
         return [], []
     planned = presets.get(typed)
-    memory_typed = any(override_key(arg) == "cluster.gpu.memory_gib" for arg in argv)
+    memory_typed = bool(argv.typed("cluster.gpu.memory_gib"))
     if planned is not None and not memory_typed and planned > gib + MEMORY_SLACK_GIB:
         instead = f"cluster={matching}" if matching else f"cluster.gpu.memory_gib={gib:.0f}"
         raise ConfigError(f"cluster={typed}: plans for {planned:g} GiB per GPU > this machine's {name} with "

@@ -28,7 +28,8 @@ NOTE = ("note: actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu typed withou
     (["trainer.total_training_steps=4"], False),
 ])
 def test_batching_follows_the_scripts_own_keys(typed, added):
-    overrides, notes = adopt_batching(list(typed))
+    command, notes = adopt_batching(list(typed))
+    overrides = list(command.args)
     assert (overrides[-1] == "batching=fixed") is added and (len(notes) == 1) is added
     assert overrides[:len(typed)] == typed
 
