@@ -9,6 +9,10 @@
 - The data and the checkpoint folder: ``data.train_files`` and ``data.val_files`` as local files (a remote URL,
   ``hdfs://`` or ``s3://``, is the cluster's), ``trainer.default_local_dir`` a folder this user can create and write.
   verl reads the first at the start of its trainer and writes the second at the first save, ``save_freq`` steps in.
+- The model and the reward function: ``actor_rollout_ref.model.path`` (and ``critic.model.path`` where a critic
+  trains) a folder here unless it is a hub id (``owner/name``: verl downloads it) or a URL; the custom reward
+  function's file (``file://`` or a plain path; ``pkg://`` is checked as a module by recipes/check/lookups.py). At
+  validate and plan a path not here is a note (it may be the cluster's); ``action=train`` here stops on it.
 
 Each finding is one line naming the key and the install command or the arithmetic.
 """
@@ -24,6 +28,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
+
+from hybrid_engine.model_spec import looks_like_hub_id
 
 # SGLang for verl 0.9.1. verl's own `verl[sglang]` pins sglang==0.5.12, which pins transformers==5.6.0: the one
 # release verl 0.9.1 excludes (transformers>=5.5.3,<5.11,!=5.6.0), so that extra does not resolve
@@ -178,6 +184,42 @@ def missing_data(cfg: DictConfig) -> list[str]:
     return lines
 
 
+def _uses_critic(cfg: DictConfig) -> bool:
+    """verl 0.9.1's rule: ``critic.enable`` where set, else a critic for GAE."""
+    enable = OmegaConf.select(cfg, "critic.enable", default=None)
+    return bool(enable) if enable is not None else OmegaConf.select(cfg, "algorithm.adv_estimator") == "gae"
+
+
+def missing_models(cfg: DictConfig) -> list[str]:
+    """One line per model folder the run loads that is not a folder here; a hub id (``owner/name``, downloaded by
+    verl at the start) and a URL are not checked."""
+    keys = ["actor_rollout_ref.model.path"] + (["critic.model.path"] if _uses_critic(cfg) else [])
+    lines, seen = [], set()
+    for key in keys:
+        value = OmegaConf.select(cfg, key, default=None)
+        if value is None or "://" in str(value) or looks_like_hub_id(str(value)) or str(value) in seen:
+            continue  # the critic on the actor's folder (KL-PPO's default): one line, the actor's
+        seen.add(str(value))
+        if not Path(str(value)).expanduser().is_dir():
+            lines.append(f"{key}: {value} is not a folder on this machine (verl loads the model's config, tokenizer "
+                         "and weights from it when its workers start); name the folder, or a hub id owner/name")
+    return lines
+
+
+def missing_reward_file(cfg: DictConfig) -> str | None:
+    """One line when the custom reward function's file is not a file here (verl imports it in the trainer)."""
+    legacy = OmegaConf.select(cfg, "custom_reward_function.path", default=None)
+    key = "custom_reward_function.path" if legacy else "reward.custom_reward_function.path"
+    value = legacy or OmegaConf.select(cfg, key, default=None)
+    if not value or str(value).startswith("pkg://"):
+        return None
+    path = Path(str(value).removeprefix("file://")).expanduser()
+    if path.is_file():
+        return None
+    return (f"{key}: {value} is not a file on this machine (verl imports the reward function from it when the "
+            "trainer starts)")
+
+
 def unwritable_checkpoint_dir(cfg: DictConfig) -> str | None:
     """One line when ``trainer.default_local_dir`` cannot be created or written by this user."""
     value = OmegaConf.select(cfg, "trainer.default_local_dir")
@@ -213,10 +255,10 @@ def engine_notes(cfg: DictConfig) -> list[str]:
 
 def train_problems(cfg: DictConfig) -> list[str]:
     """Everything that stops ``action=train`` on this machine before Ray starts (launcher=local)."""
-    problems = missing_packages(cfg) + missing_data(cfg)
-    unwritable = unwritable_checkpoint_dir(cfg)
+    problems = missing_packages(cfg) + missing_models(cfg) + missing_data(cfg)
+    reward, unwritable = missing_reward_file(cfg), unwritable_checkpoint_dir(cfg)
     shortfall = gpu_shortfall(cfg, gpus_here())
-    return problems + [line for line in (unwritable, shortfall) if line]
+    return problems + [line for line in (reward, unwritable, shortfall) if line]
 
 
 def machine_notes(cfg: DictConfig) -> list[str]:

@@ -134,6 +134,50 @@ def test_missing_data_and_an_unmakeable_checkpoint_folder_stop_train_before_ray(
     assert list(work.iterdir()) == [] and not (tmp_path / "no_ray").exists()
 
 
+def test_a_model_folder_or_reward_file_not_here_stops_train_before_ray(tmp_path, recipe_cli):
+    """A typo in the model path or the reward file: verl would fail a minute in, after Ray; action=train stops at
+    once, one line each naming the key (KL-PPO's critic loads the actor's folder: one line), nothing left behind."""
+    work = tmp_path / "work"
+    work.mkdir()
+    args = (f"actor_rollout_ref.model.path={tmp_path}/models/qwen-typo",
+            f"reward.custom_reward_function.path={tmp_path}/rewards/gsm8k.py")
+    proc = recipe_cli("kl_ppo", *args, cwd=work, timeout=120, env={"RAY_TMPDIR": str(tmp_path / "no_ray")})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "2 config errors:" in proc.stderr and "Traceback" not in proc.stderr
+    assert (f"actor_rollout_ref.model.path: {tmp_path}/models/qwen-typo is not a folder on this machine (verl loads "
+            "the model's config, tokenizer and weights from it when its workers start)") in proc.stderr
+    assert (f"reward.custom_reward_function.path: {tmp_path}/rewards/gsm8k.py is not a file on this machine (verl "
+            "imports the reward function from it when the trainer starts)") in proc.stderr
+    assert list(work.iterdir()) == [] and not (tmp_path / "no_ray").exists()
+
+
+def test_hub_ids_urls_and_an_unused_critic_are_not_model_folders_to_check(tmp_path):
+    from recipes.check.needs import missing_models, missing_reward_file
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+
+    def cfg(actor, critic, estimator="gae", enable=None):
+        return OmegaConf.create({"actor_rollout_ref": {"model": {"path": actor}}, "algorithm": {
+            "adv_estimator": estimator}, "critic": {"enable": enable, "model": {"path": critic}}})
+
+    assert missing_models(cfg("Qwen/Qwen2.5-7B", "hdfs://nn/critic")) == []
+    assert missing_models(cfg(str(folder), str(folder))) == []
+    # GAE without critic.enable: verl trains a critic, so its folder counts; GRPO's critic does not
+    assert [line.split(":")[0] for line in missing_models(cfg(str(folder), "~/no/critic"))] == ["critic.model.path"]
+    assert missing_models(cfg(str(folder), "~/no/critic", estimator="grpo")) == []
+    assert missing_models(cfg(str(folder), "~/no/critic", enable=False)) == []
+    # a path with a second slash is a path, not a hub id
+    assert [line.split(":")[0] for line in missing_models(cfg("org/name/sub", str(folder)))] == [
+        "actor_rollout_ref.model.path"]
+    reward = tmp_path / "reward.py"
+    reward.write_text("def compute_score(*a): return 0.0\n")
+    for path, flagged in ((f"file://{reward}", False), (str(reward), False), ("pkg://my_rewards.gsm8k", False),
+                          (f"file://{tmp_path}/none.py", True)):
+        line = missing_reward_file(OmegaConf.create({"reward": {"custom_reward_function": {"path": path}}}))
+        assert (line is not None) == flagged, path
+
+
 def test_validate_notes_what_training_here_would_stop_on(tmp_path, capsys, monkeypatch):
     """validate checks a run for a cluster from any machine: the same findings are notes, and it passes."""
     from recipes.launch import run_recipe
