@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -105,8 +106,8 @@ def test_the_summary_compares_only_arms_of_one_gpu(tmp_path, capsys):
     assert set(summary["arms"]) == {"verl", "port", "pack"} and "why_not" in summary["ratios_to_verl"]["port"]
 
 
-def _check(arm: str, gpu: str, tmp_path: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, CHECK="1", GPU_NAME=gpu, E2E_WORK=str(tmp_path / "work"))
+def _check(arm: str, gpu: str, tmp_path: Path, **env_vars: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, CHECK="1", GPU_NAME=gpu, E2E_WORK=str(tmp_path / "work"), **env_vars)
     return subprocess.run(["bash", str(REPO / "scripts" / "gpu" / "vs_verl.sh"), arm, str(tmp_path / "out")],
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
 
@@ -134,3 +135,21 @@ def test_each_arm_composes_as_the_gpu_machine_runs_it(tmp_path):
     assert portverl.returncode == 0, portverl.stderr[-2000:]
     assert "note: 1 of verl's defaults differ in this run" in portverl.stderr
     assert "config OK: fsdp train dp1 tp1 pp1 cp1 ep1" in portverl.stdout
+
+
+@pytest.mark.slow  # child processes (the pack's validation)
+def test_the_7b_arm_takes_the_route_that_fits_one_h200_and_its_host(tmp_path):
+    """The GPU machines this pack is lent hold 128 GiB (125 GiB in /proc/meminfo): FSDP2's CPU offload of the 7B
+    shape needs 127.7 + 16 GiB there; FSDP1's manual offload with AdamW's foreach off needs 99.3 + 16 on the host and
+    137.2 GiB on an H200 (docs/vs_verl.md). On an H100 the same route is refused, with the GPU's arithmetic."""
+    h200 = _check("pack7b", "NVIDIA H200", tmp_path, HOST_GIB="125")
+    assert h200.returncode == 0, h200.stderr[-2000:]
+    assert ("config OK: fsdp train dp1 tp1 pp1 cp1 ep1 -> vllm infer tp1 pp1 x1 replicas on 1x1 h200_141g, model "
+            "qwen2_5_7b") in h200.stdout + h200.stderr
+    (tmp_path / "h100").mkdir()
+    h100 = _check("pack7b", "NVIDIA H100 80GB HBM3", tmp_path / "h100", HOST_GIB="125")
+    assert h100.returncode == 2 and "Traceback" not in h100.stderr
+    peak = re.search(r"memory: planned peak ([0-9.]+) GiB per GPU in training > cluster.gpu.memory_gib 80 "
+                     r"\(h100_80g\)", h100.stderr)
+    # fp32 parameters, gradients and AdamW's two moments: 16 bytes for each of Qwen2.5-7B's 7,615,616,512 parameters
+    assert peak and float(peak.group(1)) > 7_615_616_512 * 16 / 2**30, h100.stderr
