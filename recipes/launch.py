@@ -69,7 +69,9 @@ from recipes.compose.defaults import (
     gpu_only_rollout,
     gpu_only_strategy,
     has_accelerator,
+    host_memory_found,
     machine_cluster,
+    machine_host_memory,
 )
 from recipes.compose.overrides import CommandLine, with_overrides
 from recipes.compose.resolvers import register_resolvers
@@ -123,17 +125,19 @@ def run_recipe(recipe: str, argv: list[str] | None = None) -> None:
     accelerator = has_accelerator()
     # the recipe's own strategy matters only without a GPU (a copy made with strategy=megatron plans for GPUs)
     recipe_strategy = None if accelerator else recipe_defaults(recipe).get("strategy")
-    added = embedded_defaults(command, accelerator, recipe_strategy)
+    embedded = embedded_defaults(command, accelerator, recipe_strategy)
+    added = list(embedded)  # and, on a GPU machine, its card's preset and its memory
     if accelerator:
         try:
             machine_added, machine_notes = machine_cluster(command, gpu_found())
         except ConfigError as error:
             exit_with(error)
-        added += machine_added
-        notices += machine_notes
+        host_added, host_notes = machine_host_memory(command, host_memory_found())
+        added += machine_added + host_added
+        notices += machine_notes + host_notes
     gpu_only = gpu_only_strategy(command, recipe_strategy)
-    if added:
-        notices.append(f"no GPU found: embedded CPU defaults {' '.join(added)} "
+    if embedded:
+        notices.append(f"no GPU found: embedded CPU defaults {' '.join(embedded)} "
                        "(choose parallel=/cluster= to plan for GPUs)")
     elif not accelerator and not chooses_layout(command) and gpu_only:
         notices.append(f"no GPU found: strategy={gpu_only} plans for the recipe's GPU cluster (verl's Megatron "

@@ -11,6 +11,7 @@ overrides from there too.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import yaml
 
@@ -99,6 +100,27 @@ def gpu_found() -> tuple[str, float] | None:
         return None
     props = torch.cuda.get_device_properties(0)
     return props.name, props.total_memory / 2**30
+
+
+def host_memory_found() -> float | None:
+    """This machine's memory in GiB (``MemTotal`` of /proc/meminfo), where Linux says it."""
+    try:
+        text = Path("/proc/meminfo").read_text()
+    except OSError:
+        return None
+    kib = next((line.split()[1] for line in text.splitlines() if line.startswith("MemTotal:")), None)
+    return int(kib) / 2**20 if kib and kib.isdigit() else None
+
+
+def machine_host_memory(argv: Sequence[str] | CommandLine, host_gib: float | None) -> tuple[list[str], list[str]]:
+    """For a run on this machine's GPUs (no ``launcher=ray``) that leaves ``cluster.host_memory_gib`` unset: this
+    machine's memory as the node's, so that the plan checks what an offload keeps on the host (a preset cannot know
+    it: the same GPUs come with 128 GiB or 2 TiB). Returns (overrides to add, notices)."""
+    argv = CommandLine.parse(argv)
+    if host_gib is None or "launcher=ray" in argv or argv.typed("cluster.host_memory_gib"):
+        return [], []
+    gib = int(host_gib)  # rounded down: what the node holds at most
+    return [f"cluster.host_memory_gib={gib}"], [f"host memory found: {host_gib:.1f} GiB: cluster.host_memory_gib={gib}"]
 
 
 def cluster_presets() -> dict[str, float]:

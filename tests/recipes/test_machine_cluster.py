@@ -6,6 +6,8 @@ the names and sizes torch reports on the two cards the pack's GPU runs used (scr
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from recipes import launch
@@ -30,9 +32,11 @@ def on_gpu(monkeypatch, tmp_path):
     """This process as if on a machine with ``card``; returns a setter."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(launch, "has_accelerator", lambda: True)
+    monkeypatch.setattr(launch, "host_memory_found", lambda: None)
 
-    def use(card):
+    def use(card, host_gib=None):
         monkeypatch.setattr(launch, "gpu_found", lambda: card)
+        monkeypatch.setattr(launch, "host_memory_found", lambda: host_gib)
 
     return use
 
@@ -43,6 +47,7 @@ def test_a_run_that_names_no_cluster_plans_for_the_card_it_finds(on_gpu, capsys)
     run_recipe("grpo", ["action=validate"])
     out, err = capsys.readouterr()
     assert "GPU found: NVIDIA H200 (140.4 GiB): cluster=h200_141g" in err
+    assert "no GPU found" not in err  # the card's preset is not the laptop's embedded default
     assert " h200_141g, " in out.splitlines()[0] and "assumed" not in out
 
 
@@ -63,3 +68,33 @@ def test_validating_for_another_cluster_on_a_gpu_machine_is_allowed(on_gpu, caps
     on_gpu(H100)
     run_recipe("grpo", ["cluster=h200_141g", "action=validate"])
     assert " h200_141g, " in capsys.readouterr().out.splitlines()[0]
+
+
+# the GPU machines the pack's runs were lent: 128 GiB, of which /proc/meminfo's MemTotal says 125.6 GiB
+HOST_GIB = 125.6
+QWEN_7B = 7_615_616_512  # parameters of Qwen2.5-7B (hybrid_engine/model_configs/qwen2_5_7b)
+
+
+@pytest.mark.slow  # a validation with the 7B shape's plan (5 s)
+def test_the_host_memory_found_checks_what_an_offload_keeps_there(on_gpu, capsys):
+    """offload=full on FSDP2 keeps fp32 parameters, gradients and AdamW's two moments (16 bytes a parameter) and the
+    bf16 reference model (2 bytes) on the host: more than a 128 GiB machine holds; read from the machine, not
+    assumed from the preset, the plan refuses it before anything starts."""
+    on_gpu(H200, HOST_GIB)
+    with pytest.raises(SystemExit) as exit_:
+        run_recipe("grpo", ["model=qwen2_5_7b", "parallel=tp1", "cluster.gpus_per_node=1", "rollout=vllm",
+                            "offload=full", "action=validate"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    offloaded = re.search(r"config error: memory: offloaded ([0-9.]+) GiB per node .* vs cluster.host_memory_gib 125: "
+                          r"DOES NOT FIT", err)
+    assert offloaded and float(offloaded.group(1)) >= QWEN_7B * (16 + 2) / 2**30 - 0.05, err
+
+
+def test_a_typed_host_memory_is_the_users(on_gpu, capsys):
+    on_gpu(H100, HOST_GIB)
+    run_recipe("grpo", ["action=validate"])
+    assert "host memory found: 125.6 GiB: cluster.host_memory_gib=125" in capsys.readouterr().err
+    run_recipe("grpo", ["cluster.host_memory_gib=2000", "action=validate"])
+    err = capsys.readouterr().err
+    assert "host memory found" not in err and "GPU found: NVIDIA H100 80GB HBM3 (79.6 GiB): cluster=h100_80g" in err
