@@ -5,7 +5,9 @@ The planner (``hybrid_engine.plan``) estimates every GPU's memory phase by phase
 ``cluster.gpu.memory_gib``. Planned peak > GPU memory is a problem (exit 2 in ``validate``, ``plan`` and ``train``),
 with up to three changes that fit, each found by re-planning with that change applied:
 
-- ``offload=optimizer|param|full`` (never one that turns an offload off);
+- ``offload=optimizer|param|full`` (never one that turns an offload off); where none fits on FSDP2 (its
+  ``offload=full`` keeps every state on the host, which may not hold them), FSDP1's manual offload
+  (``offload=full strategy=fsdp`` with AdamW's foreach temporary off: the states go back to the GPU for the update);
 - ``actor_rollout_ref.rollout.gpu_memory_utilization=x`` lower, in steps of 0.05, the KV cache still holding a sequence;
 - ``layout.train.tp=2t|4t`` (Megatron: parameters and gradients split over more tensor ranks; inside one node);
 - ``layout.infer.tp=2t|4t`` (a smaller generation shard per GPU, more of the rollout's share for the KV cache);
@@ -38,6 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 from hybrid_engine.layout import InferLayout, LayoutError, TrainLayout
 from hybrid_engine.model_spec import ModelArch
 from hybrid_engine.plan import ClusterSpec, Plan, PlanSettings, build_plan
+from hybrid_engine.plan.budget import auto_token_budgets
 from hybrid_engine.plan.memory import estimate_memory
 from hybrid_engine.plan.render import gib_text, host_text
 from hybrid_engine.plan.settings import GIB
@@ -110,6 +113,8 @@ def layout_free(cfg: DictConfig) -> bool:
     return True
 
 
+MANUAL_OFFLOAD = ("strategy=fsdp", "+actor_rollout_ref.actor.optim.override_optimizer_config.foreach=false")
+"""what, beside offload=full, turns FSDP2's CPU offload into FSDP1's manual one without AdamW's foreach temporary"""
 POLICY_KEY = "actor_rollout_ref.actor.fsdp_config.offload_policy"
 """verl's FSDP2 CPUOffloadPolicy switch, which offload=full turns on with the other two"""
 
@@ -264,6 +269,24 @@ class _Search:
                 return name, memory
         return None
 
+    def manual_offload(self, plan: Plan) -> dict | None:
+        """FSDP2's offload=full keeps every state on the host and steps AdamW there; where the host cannot hold them,
+        FSDP1's manual offload keeps them there only between phases (the update loads them back) and AdamW's
+        foreach temporary off: the memory of that, where it fits."""
+        if plan.settings.strategy != "fsdp2":
+            return None
+        settings = replace(_with_offload(plan.settings, "full"), strategy="fsdp", offload_policy=False,
+                           optimizer_foreach=False)
+        if settings.use_dynamic_bsz:  # the auto budgets, as validation sizes them again with these overrides
+            budgets = auto_token_budgets(plan.spec, plan.groups, plan.cluster, settings,
+                                         plan.memory["rollout"]["weights"])
+            if not budgets["fits"]:
+                return None
+            settings = replace(settings, ppo_max_token_len_per_gpu=budgets["ppo_max_token_len_per_gpu"],
+                               log_prob_max_token_len_per_gpu=budgets["log_prob_max_token_len_per_gpu"])
+        memory = self.memory(plan, settings)
+        return memory if self.fits(memory, settings) else None
+
     def utilization(self, plan: Plan, settings: PlanSettings) -> tuple[float, dict] | None:
         """The largest rollout share (a multiple of 0.05, below the run's) that fits on ``plan``'s layout with
         ``settings``, its KV cache holding one sequence; a few re-plans, each aimed at the peak's excess."""
@@ -378,6 +401,10 @@ def suggest(base: Plan, *, layout_free: bool = True, admissible: Admissible | No
     single_offload = search.offload(base, offloads)
     if single_offload:
         add(typed(single_offload[0]), single_offload[1])
+    else:
+        manual = search.manual_offload(base)
+        if manual:
+            add([*(o for o in typed("full") if not o.startswith(POLICY_KEY)), *MANUAL_OFFLOAD], manual)
     single_share = search.utilization(base, settings)
     if single_share:
         add([f"{UTILIZATION_KEY}={single_share[0]:g}"], single_share[1])

@@ -89,6 +89,14 @@ def test_the_host_memory_found_checks_what_an_offload_keeps_there(on_gpu, capsys
     offloaded = re.search(r"config error: memory: offloaded ([0-9.]+) GiB per node .* vs cluster.host_memory_gib 125: "
                           r"DOES NOT FIT", err)
     assert offloaded and float(offloaded.group(1)) >= QWEN_7B * (16 + 2) / 2**30 - 0.05, err
+    # what fits: FSDP1's manual offload keeps fp32 parameters and moments (12 bytes) and the reference (2) on the host,
+    # 99.3 GiB, and loads them back for the update with AdamW's foreach temporary off
+    route = "offload=full strategy=fsdp +actor_rollout_ref.actor.optim.override_optimizer_config.foreach=false"
+    assert f"    {route}  (planned peak " in err
+    assert QWEN_7B * (12 + 2) / 2**30 + 16 < 125
+    run_recipe("grpo", ["model=qwen2_5_7b", "parallel=tp1", "cluster.gpus_per_node=1", "rollout=vllm",
+                        *route.split(), "action=validate"])
+    assert capsys.readouterr().out.startswith("config OK: fsdp train dp1 tp1 pp1 cp1 ep1 -> vllm infer tp1")
 
 
 def test_a_typed_host_memory_is_the_users(on_gpu, capsys):
