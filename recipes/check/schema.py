@@ -652,7 +652,7 @@ def resolve(cfg: DictConfig) -> tuple[dict, dict[str, str]]:
             except Exception as error:  # noqa: BLE001 - a missing value or a failing interpolation
                 text = str(error).splitlines()[0] if str(error) else type(error).__name__
                 if "Missing mandatory value" not in text:
-                    problems[child] = f"{child}: cannot resolve: {text}"
+                    problems[child] = _unresolved_line(cfg, child, text)
                 value = MISSING_VALUE
             if isinstance(value, (DictConfig, ListConfig)):
                 value = walk(value, child)
@@ -663,6 +663,32 @@ def resolve(cfg: DictConfig) -> tuple[dict, dict[str, str]]:
         return out
 
     return walk(cfg, ""), problems
+
+
+def _unresolved_line(cfg: DictConfig, key: str, error: str) -> str:
+    """The problem of a value whose interpolation or resolver fails: where the error quotes a value that exactly one
+    literal key of the config holds (``max_num_seqs=not-a-value``, read by ``int()`` inside the resolver of the
+    CUDA-graph sizes), that key, as typed; else the value that cannot be computed."""
+    quoted = re.findall(r"'([^']+)'", error)
+    holders = _literal_keys(cfg, quoted[-1]) if quoted else []
+    if len(holders) == 1:
+        return f"{holders[0]}: {quoted[-1]!r} is not a value {key} can be computed from ({error})"
+    return f"{key}: cannot resolve: {error}"
+
+
+def _literal_keys(node, value: str, path: str = "") -> list[str]:
+    """The keys under ``node`` whose own (not interpolated) value is ``value``."""
+    out: list[str] = []
+    for k in (node.keys() if isinstance(node, DictConfig) else range(len(node))):
+        child = f"{path}.{k}" if path else str(k)
+        if OmegaConf.is_interpolation(node, k):
+            continue
+        item = node._get_node(k)
+        if isinstance(item, (DictConfig, ListConfig)):
+            out += _literal_keys(item, value, child)
+        elif not OmegaConf.is_missing(node, k) and str(item._value()) == value:
+            out.append(child)
+    return out
 
 
 _REFERENCE = re.compile(r"\$\{(\.*)([A-Za-z_][\w.]*)\}")

@@ -495,8 +495,10 @@ def check(cfg: DictConfig, *, run_verl: bool = True) -> ValidatedRun:
     ranges = verl_types.range_problems(container, inactive, deferred=wrong_kind)
     looked_up, looked_up_warnings = lookup_problems(container, arch, train and train.cp, use_critic)  # issue 49
     warnings.extend(looked_up_warnings + lookup_warnings(container, use_critic))
-    _merge(problems, cfg, [*unresolved.values(), *schema_problems, *ranges.values(), *band_problems(pack),
-                           *looked_up])
+    # a value that cannot be computed last: where it names the key it was computed from, that key's own check says it
+    # better (data.max_prompt_length=abc: "must be an integer >= 1")
+    _merge(problems, cfg, [*schema_problems, *ranges.values(), *band_problems(pack), *looked_up,
+                           *unresolved.values()])
     if not problems and run_verl:
         # verl's own annotations; they import verl (seconds), so, as verl's validator, once the pack's checks pass
         _merge(problems, cfg, verl_types.type_problems(container, inactive).values())

@@ -107,7 +107,9 @@ def test_the_summary_compares_only_arms_of_one_gpu(tmp_path, capsys):
 
 
 def _check(arm: str, gpu: str, tmp_path: Path, **env_vars: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, CHECK="1", GPU_NAME=gpu, E2E_WORK=str(tmp_path / "work"), **env_vars)
+    # VERL_PLATFORM: the plugin sets it in a process that imported it here (no accelerator); the arm is a new one
+    env = {k: v for k, v in os.environ.items() if k != "VERL_PLATFORM"}
+    env.update(CHECK="1", GPU_NAME=gpu, E2E_WORK=str(tmp_path / "work"), **env_vars)
     return subprocess.run(["bash", str(REPO / "scripts" / "gpu" / "vs_verl.sh"), arm, str(tmp_path / "out")],
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
 

@@ -483,6 +483,12 @@ def test_the_tables_cover_both_recipes():
     assert {recipe for recipe, _, _ in typed} == {"grpo", "kl_ppo"}
 
 
+def test_a_wrong_value_read_inside_a_resolver_is_named_as_typed():
+    """Hypothesis drew it (2026-12-07): the CUDA-graph sizes' resolver reads max_num_seqs with int(), so its failure
+    came first and named the computed key, not the one typed."""
+    _assert_named("grpo", "actor_rollout_ref.rollout.max_num_seqs", "not-a-value")
+
+
 @pytest.mark.slow  # 7.1-9.6 s on 2 cores (CI, 2026-12-05): 30 examples, each composed and validated
 @settings(max_examples=30, deadline=None)
 @given(data=st.data())
