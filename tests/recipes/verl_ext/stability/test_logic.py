@@ -156,6 +156,21 @@ def test_bands_warn_count_and_summarize(tmp_path):
     assert evaluate({"actor/grad_norm": float("inf")}, bands)[0].side == "nan"
 
 
+def test_the_summary_counts_every_step_out_of_a_band_on_each_side():
+    """Five steps of entropy (band >= 0.1) and grad norm (band <= 1.0), the counts written out by hand: a run's
+    summary with at most one violation a band cannot tell a tally that keeps only the first, or drops a side."""
+    tally = BandTally(bands_from_config(_cfg()))
+    entropy = [0.05, 0.2, 0.02, 0.01, 0.3]  # below 0.1 at steps 1, 3, 4
+    grad_norm = [1.5, 0.4, 2.0, 0.9, 1.1]  # above 1.0 at steps 1, 3, 5
+    for step, (e, g) in enumerate(zip(entropy, grad_norm, strict=True), start=1):
+        tally.add(step, {"actor/entropy": e, "actor/grad_norm": g})
+    rows = {r["band"]: r for r in tally.rows()}
+    assert (rows["entropy"]["violations"], rows["entropy"]["low"], rows["entropy"]["high"]) == (3, 3, 0)
+    assert (rows["grad_norm"]["violations"], rows["grad_norm"]["low"], rows["grad_norm"]["high"]) == (3, 0, 3)
+    assert rows["entropy"]["first_violation_step"] == 1 and rows["grad_norm"]["steps"] == 5
+    assert rows["grad_norm"]["max"] == 2.0 and rows["entropy"]["min"] == 0.01
+
+
 def test_degradations_in_order():
     # the driver degrades the resolved config (no interpolation left): every engine's own key is set
     cfg = OmegaConf.create(OmegaConf.to_container(_cfg("overlap=prefetch"), resolve=True))
