@@ -78,7 +78,7 @@ def _reward_manager(container: dict) -> tuple[str, object, object]:
     return key, legacy if legacy is not None else _at(container, key), source
 
 
-def _reward_function(container: dict) -> tuple[str, dict]:
+def reward_function(container: dict) -> tuple[str, dict]:
     """(the section, its node) of the custom reward function verl loads: the legacy top-level
     ``custom_reward_function`` replaces ``reward.custom_reward_function`` where any of its values is set."""
     legacy = _at(container, "custom_reward_function")
@@ -115,7 +115,7 @@ def top_level_names(source: str) -> set[str] | None:
     return names
 
 
-def _module_file(path: str) -> tuple[Path | None, str]:
+def module_file(path: str) -> tuple[Path | None, str]:
     """The source file of a verl module path (``pkg://a.b``, ``file://x.py``, a path) and how it was found; None
     with the reason where it is not on this machine (or, for ``pkg://``, not importable)."""
     if path.startswith(PKG_PREFIX):
@@ -136,7 +136,7 @@ def extern_object_problem(path_key: str, path, name_key: str, name, what: str) -
     and must bind ``name`` at its top level. A file not here: a note (it may be on the cluster, as a data file)."""
     if not name:
         return f"{name_key}: not set, but {path_key}={path} names a file: verl 0.9.1 loads the {what} by name", None
-    file, why = _module_file(str(path))
+    file, why = module_file(str(path))
     if file is None:
         return None, f"{path_key}: {path} {why}; the {what} {name!r} is not checked"
     try:
@@ -153,7 +153,7 @@ def extern_object_problem(path_key: str, path, name_key: str, name, what: str) -
 def reward_problems(container: dict) -> tuple[list[str], list[str]]:
     """(problems, notes) of the custom reward function and of a reward manager loaded by ``importlib``."""
     problems, notes = [], []
-    section, node = _reward_function(container)
+    section, node = reward_function(container)
     if node.get("path"):
         problem, note = extern_object_problem(f"{section}.path", node["path"], f"{section}.name", node.get("name"),
                                               "reward function")

@@ -30,6 +30,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from hybrid_engine.model_spec import looks_like_hub_id
+from recipes.check.lookups import PKG_PREFIX, module_file, reward_function
 
 # SGLang for verl 0.9.1. verl's own `verl[sglang]` pins sglang==0.5.12, which pins transformers==5.6.0: the one
 # release verl 0.9.1 excludes (transformers>=5.5.3,<5.11,!=5.6.0), so that extra does not resolve
@@ -207,17 +208,20 @@ def missing_models(cfg: DictConfig) -> list[str]:
 
 
 def missing_reward_file(cfg: DictConfig) -> str | None:
-    """One line when the custom reward function's file is not a file here (verl imports it in the trainer)."""
-    legacy = OmegaConf.select(cfg, "custom_reward_function.path", default=None)
-    key = "custom_reward_function.path" if legacy else "reward.custom_reward_function.path"
-    value = legacy or OmegaConf.select(cfg, key, default=None)
-    if not value or str(value).startswith("pkg://"):
+    """One line when the custom reward function's file is not a file here (verl imports it in the trainer); the
+    section verl loads and the file found as recipes/check/lookups.py reads them, ``pkg://`` left to its module
+    check."""
+    def plain(key: str):
+        node = OmegaConf.select(cfg, key, default=None)
+        return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else None
+
+    section, node = reward_function({"custom_reward_function": plain("custom_reward_function"),
+                                     "reward": {"custom_reward_function": plain("reward.custom_reward_function")}})
+    value = node.get("path")
+    if not value or str(value).startswith(PKG_PREFIX) or module_file(str(value))[0] is not None:
         return None
-    path = Path(str(value).removeprefix("file://")).expanduser()
-    if path.is_file():
-        return None
-    return (f"{key}: {value} is not a file on this machine (verl imports the reward function from it when the "
-            "trainer starts)")
+    return (f"{section}.path: {value} is not a file on this machine (verl imports the reward function from it when "
+            "the trainer starts)")
 
 
 def unwritable_checkpoint_dir(cfg: DictConfig) -> str | None:
