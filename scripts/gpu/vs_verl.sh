@@ -178,7 +178,7 @@ cat "$dir/env.txt"; echo "=== $ARM on $CLUSTER: $(cat "$dir/cmd.txt")"
 nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader,nounits -lms 500 >"$dir/gpu_mem.csv" 2>/dev/null &
 smi=$!
 # the host's memory in use every second (MiB): offload=full keeps the states there
-(while :; do echo "$(date +%s.%N) $(free -m | awk '/^Mem:/ {print $3}')"; sleep 1; done) >"$dir/host_mem.txt" &
+(while :; do echo "$(date +%s.%N), $(free -m | awk '/^Mem:/ {print $3}')"; sleep 1; done) >"$dir/host_mem.csv" &
 hostmem=$!
 start=$(date +%s.%N)
 (cd "$cwd" && exec timeout "$RUN_TIMEOUT" "${cmd[@]}") >"$dir/run.log" 2>&1 &

@@ -14,7 +14,7 @@ MiB every 0.5 s) and engine_lines.txt (vLLM's own lines). Adds:
   ``old_log_prob``, ``ref``,
   ``update_actor``, ``update_weights``), response tokens a second per GPU (``response_length/mean`` x sequences /
   ``timing_s/step``, one GPU), and verl's ``perf/throughput`` (prompt and response tokens);
-- the device's peak memory (gpu_mem.csv, GiB), the host's (host_mem.txt: used MiB every second, where the runner
+- the device's peak memory (gpu_mem.csv, GiB), the host's (host_mem.csv: used MiB every second, where the runner
   wrote it) and vLLM's KV-cache lines.
 Standard library only.
 """
@@ -50,6 +50,7 @@ def step_times(path: Path) -> dict[int, float]:
 
 
 def peak_gib(path: Path) -> float | None:
+    """The largest MiB of a 'time, MiB' CSV (gpu_mem.csv, host_mem.csv) in GiB; rows that do not parse are skipped."""
     used = []
     if path.is_file():
         for row in csv.reader(path.read_text().splitlines()):
@@ -57,16 +58,6 @@ def peak_gib(path: Path) -> float | None:
                 used.append(float(row[-1]))
             except (ValueError, IndexError):
                 continue
-    return round(max(used) / 1024, 2) if used else None
-
-
-def peak_host_gib(path: Path) -> float | None:
-    used = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            parts = line.split()
-            if len(parts) == 2 and parts[1].isdigit():
-                used.append(int(parts[1]))
     return round(max(used) / 1024, 2) if used else None
 
 
@@ -109,7 +100,7 @@ def arm_figures(run_dir: Path, out: Path, arm: str, gpu: str, cluster: str, wall
         "response_length_mean": median("response_length/mean"),
         "sequences_per_step": sequences,
         "peak_gpu_gib": peak_gib(out / "gpu_mem.csv"),
-        "peak_host_gib": peak_host_gib(out / "host_mem.txt"),
+        "peak_host_gib": peak_gib(out / "host_mem.csv"),
         "peak_actor_gb": base["peak_memory_gb"],
         "reward_per_step": base["reward"]["per_step"],
         "kl_loss_per_step": [(step, d.get("actor/kl_loss")) for step, d in sorted(per_step.items())],

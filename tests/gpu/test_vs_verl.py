@@ -74,7 +74,7 @@ def test_the_figures_leave_checkpoint_saves_out_and_count_response_tokens(tmp_pa
     steps.append({"timing_s/step": 55.0, "timing_s/save_checkpoint": 21.0, "timing_s/gen": 4.0,
                   "response_length/mean": 296.0})
     run, out = _arm(tmp_path, steps, "0 180.0\n1 250.0\n2 288.0\n", [1000, 60_000, 81_000, 500])
-    (out / "host_mem.txt").write_text("1.0 20000\n2.0 101376\n3.0 garbled\n4.0 9000\n")
+    (out / "host_mem.csv").write_text("1.0, 20000\n2.0, 101376\n3.0, garbled\n4.0, 9000\n")
     fig = vs_verl_figures.arm_figures(run, out, "verl", "NVIDIA H100 80GB HBM3", "h100_80g", 460.0, 0, 160)
     # steps 2-6 less their saves: 38, 36, 35, 37, 34 -> 36
     assert fig["step_s"] == 36.0 and fig["step_with_saves_s"] == 37.0
