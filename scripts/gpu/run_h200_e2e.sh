@@ -7,8 +7,9 @@
 #   KL=ramp (the kl group of every run; default adaptive, so that a resume has a controller state to restore)
 #   RUN_TIMEOUT=420 (s per run; measured 2026-12-01: ~55 s Ray + TaskRunner start, ~35 s first step, ~4 s a step)
 #
-# Each run is `python -m recipes.<recipe> cluster=<h100_80g|h200_141g, the card's> cluster.gpus_per_node=1 parallel=tp1 rollout=hf
-# model=tiny task=tiny kl=adaptive trainer.total_training_steps=STEPS trainer.save_freq=SAVE`: verl 0.9.1's default
+# Each run is `python -m recipes.<recipe> cluster.gpus_per_node=1 parallel=tp1 rollout=hf model=tiny task=tiny
+# kl=adaptive trainer.total_training_steps=STEPS trainer.save_freq=SAVE` (the card's cluster preset picked by the
+# pack): verl 0.9.1's default
 # (v1) trainer through the pack's stability trainer, Ray started by the recipe, FSDP2 over NCCL, the hf rollout fed
 # through the hybrid_engine resharder. The resumed runs repeat the command with trainer.resume_mode=resume_path and
 # trainer.resume_from_path=<first run>/checkpoints/global_step_SAVE: they continue at step SAVE+1 to STEPS with the
@@ -80,10 +81,10 @@ LOG=$OUTDIR/e2e.log
 head -6 "$OUTDIR/env.txt"
 
 ROLLOUT=${ROLLOUT:-hf}
-# the preset of the card found (an H100 refuses training under h200_141g's 141 GiB); CLUSTER= names another
-gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-case $gpu_name in *H100*) default_cluster=h100_80g ;; *) default_cluster=h200_141g ;; esac
-COMMON=(cluster=${CLUSTER:-$default_cluster} cluster.gpus_per_node=1 parallel=tp1 rollout=$ROLLOUT model=tiny task=tiny kl=${KL:-adaptive})
+# no cluster=: on a GPU machine the pack takes the preset of the card it finds (recipes/compose/defaults.py,
+# machine_cluster: "GPU found: ... cluster=h100_80g"); CLUSTER= names one
+COMMON=(${CLUSTER:+cluster=$CLUSTER} cluster.gpus_per_node=1 parallel=tp1 rollout=$ROLLOUT model=tiny task=tiny
+  kl=${KL:-adaptive})
 
 diagnose() {
   echo "##### $1 after ${DIAG_AFTER}s: ray status"; timeout 20 $PY -m ray.scripts.scripts status 2>&1 | tail -40
