@@ -28,6 +28,7 @@ from recipes.run.resume import SUPERSEDED, keep_metrics_up_to
 from recipes.verl_ext import api as verl
 from recipes.verl_ext.demo import ensure_tiny_assets
 from recipes.verl_ext.plugin.patches import require_supported_verl
+from recipes.verl_ext.plugin.vllm_sync import SCHEME as VLLM_SCHEME
 from recipes.verl_ext.plugin.weight_sync import read_sync_log
 from recipes.verl_ext.stability import supervise
 from recipes.verl_ext.stability.bands import bands_from_config
@@ -168,6 +169,8 @@ def weight_sync_summary(path: Path) -> str | None:
         per_rank.setdefault(record["rank"], []).append(record)
     last = [per_rank[rank][-1] for rank in sorted(per_rank)]
     schemes = sorted({r["scheme"] for r in last})
+    if schemes == [VLLM_SCHEME]:
+        return _vllm_sync_line(records)
     if schemes != ["gather_to_feeders"]:
         reason = next((r["fallback_reason"] for r in last if r.get("fallback_reason")), "")
         return f"weight sync: verl's full_tensor() path on every rank ({reason})" if reason else None
@@ -177,6 +180,24 @@ def weight_sync_summary(path: Path) -> str | None:
         f"weight sync ({syncs} syncs, hybrid_engine resharder, weight_sync.jsonl): per sync {received} received "
         f"(planned {', '.join(_mib(r['planned_bytes']) for r in last)}); verl's full_tensor() path: {verl_path}"
     )
+
+
+def _vllm_sync_line(records: list[dict]) -> str:
+    """The sync into vLLM in one line: its median time, the bytes streamed, and how many syncs the checksum held."""
+    feeders = [r for r in records if r.get("feeder")] or records
+    seconds = sorted(r["seconds"] for r in feeders)
+    checks = [r.get("extra", {}).get("checksum", {}) for r in feeders]
+    matched = sum(1 for c in checks if c.get("match") is True)
+    unchecked = next((c["checked"] for c in checks if c.get("checked", "").startswith("no")), None)
+    check = f"checksum matched in {matched} of {len(feeders)}" + (f" ({unchecked})" if unchecked else "")
+    return (
+        f"weight sync into vLLM ({len(feeders)} syncs, verl's CUDA-IPC path, weight_sync.jsonl): median "
+        f"{seconds[len(seconds) // 2]:.3f} s for {_size(feeders[-1]['model_bytes'])}; {check}"
+    )
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.2f} MiB"
 
 
 def _mib(nbytes: int | None) -> str:

@@ -135,6 +135,20 @@ PATCHES: tuple[Patch, ...] = (
           "wrapped: the same for strategy=megatron (weight_sync.export_megatron_sharded): the GPTModel's own "
           "parameters beside mbridge's generator; verl's for LoRA/QAT/virtual pipeline/context or expert parallelism",
           "as for FSDPEngine.get_per_tensor_param", VERL),
+    Patch(_PATCHES, "verl.workers.rollout.vllm_rollout.vllm_rollout.ServerAdapter.update_weights",
+          "wrapped (vllm_sync.wrap_update_weights): checksums of the weights in the rollout's dtype before verl's "
+          "sync, verl's sync timed, the vLLM workers' loaded weights read back and compared; a record in "
+          "weight_sync.jsonl; SyncCheckFailed on a mismatch. LoRA and delta updates pass through",
+          "verl's sync into vLLM has no hook before or after the stream and checks nothing of what vLLM loads",
+          VERL),
+    Patch(_PATCHES, "verl.workers.rollout.vllm_rollout.utils.vLLMColocateWorkerExtension.klppo_loaded_checksums",
+          "added (vllm_sync.worker_loaded_checksums): the checksums of the worker's loaded weights under HF names",
+          "the worker extension is the only code verl runs inside vLLM's worker processes, where the weights are",
+          VERL),
+    Patch(_PATCHES, "verl.workers.rollout.vllm_rollout.vllm_async_server.vLLMHttpServer.collective_rpc",
+          "replaced by one that returns the engine's collective_rpc result (the workers' return values)",
+          "verl's server awaits the workers' replies and drops them; the read-back's checksums come back this way",
+          VERL),
     Patch(_PATCHES, "verl.trainer.main_ppo.pprint",
           "replaced by a pprint that applies the pack's redaction (recipes.record.redact.redact_config) to a config",
           "verl's task runner prints the whole resolved config to the terminal, verl.log and Ray's worker logs", VERL),

@@ -391,14 +391,53 @@ def apply_trainer_patches() -> None:
     when_imported("verl.experimental.agent_loop.agent_loop", _direct_agent_loop_instantiate)
 
 
+def _checked_vllm_sync(vllm_rollout) -> None:
+    """verl's sync into vLLM, timed and checked by checksum (:mod:`.vllm_sync`); the engine's export carries its own
+    parameters beside verl's stream from now on in this process, for the training-side checksums."""
+    require_supported_verl()
+    # lazy: verl imports this module in every process; only one that builds a vLLM rollout adapter needs these
+    from recipes.verl_ext.plugin import vllm_sync
+    from recipes.verl_ext.plugin.weight_sync import enable_sharded_export
+
+    enable_sharded_export()
+    wrap_once(vllm_rollout.ServerAdapter, "update_weights", "_hybrid_engine_checked", vllm_sync.wrap_update_weights)
+
+
+def _vllm_readback(vllm_utils) -> None:
+    """verl's vLLM worker extension gets the read-back of the loaded weights (``klppo_loaded_checksums``)."""
+    require_supported_verl()
+    from recipes.verl_ext.plugin import vllm_sync  # lazy: as in _checked_vllm_sync
+
+    # the name is vllm_sync.READBACK_METHOD, written out for the patch table's check
+    vllm_utils.vLLMColocateWorkerExtension.klppo_loaded_checksums = vllm_sync.worker_loaded_checksums
+
+
+def _rpc_results(vllm_async_server) -> None:
+    """verl's vLLM server returns what its workers' ``collective_rpc`` returned (verl drops it): the read-back's
+    checksums come back through it."""
+    require_supported_verl()
+
+    def wrap(original):
+        @functools.wraps(original)
+        async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+            return await self.engine.collective_rpc(method=method, timeout=timeout, args=args, kwargs=kwargs)
+
+        return collective_rpc
+
+    wrap_once(vllm_async_server.vLLMHttpServer, "collective_rpc", "_hybrid_engine_rpc_results", wrap)
+
+
 def apply_rollout_patches() -> None:
-    """Make ``rollout.name=hf`` resolvable in verl's workers, and let its weight sync use the resharder.
-    Additive: other rollouts get verl's weight export unchanged (``weight_sync.export_sharded`` wraps it only once
-    an hf rollout adapter lives in the process)."""
+    """Make ``rollout.name=hf`` resolvable in verl's workers, and let its weight sync use the resharder; time and
+    check verl's sync into vLLM. Additive: other rollouts get verl's weight stream unchanged (the export carries the
+    engine's parameters beside it only in a process with an hf or vLLM rollout adapter)."""
     require_supported_verl()
     when_imported("verl.workers.rollout.base", _register_hf_adapter)
     when_imported("verl.workers.engine.fsdp.transformer_impl", _sharded_weight_export)
     when_imported("verl.workers.engine.megatron.transformer_impl", _megatron_sharded_weight_export)
+    when_imported("verl.workers.rollout.vllm_rollout.vllm_rollout", _checked_vllm_sync)
+    when_imported("verl.workers.rollout.vllm_rollout.utils", _vllm_readback)
+    when_imported("verl.workers.rollout.vllm_rollout.vllm_async_server", _rpc_results)
 
 
 def flash_attn_installed() -> bool:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -327,11 +327,12 @@ class SyncCheckFailed(RuntimeError):
     ``StabilityFault[nan_weights]`` marker, recipes.verl_ext.stability.faults)."""
 
 
-def training_checksums(weights) -> dict[str, tuple[int, int, int]] | None:
+def training_checksums(weights, dtype: torch.dtype | None = None) -> dict[str, tuple[int, int, int]] | None:
     """Every rank: the checksums of the actor's weights (hybrid_engine.reshard.checksum), each rank's FSDP2 rows
     (or, for Megatron weights, the boxes of its shard no lower rank holds) summed by one all-reduce, on device; None
     for verl's own stream (no state dict beside it) and where a TP slice splits the checksum's words (alike on
-    every rank)."""
+    every rank). ``dtype``: of the weights as the generation side holds them (FSDP2's fp32 rows are cast one tensor
+    at a time; Megatron's parameters in another dtype give None)."""
     # lazy: ~50 ms; train.py imports this module for read_sync_log, only a weight sync needs the resharder
     from hybrid_engine.reshard import ShardedWeights
     from hybrid_engine.reshard.checksum import checksums, wrap  # lazy: as the line above
@@ -342,17 +343,36 @@ def training_checksums(weights) -> dict[str, tuple[int, int, int]] | None:
         return None
     if isinstance(weights, MegatronShardedWeights):
         spec = spec_of(weights.hf_config)
+        shards = weights.shards(spec)
+        if dtype is not None and shards.dtype != dtype:
+            return None  # the caller takes the stream's checksums in that dtype
         try:
-            names, sums = megatron_checksums(weights.shards(spec), spec, weights.groups())
+            names, sums = megatron_checksums(shards, spec, weights.groups())
         except NotImplementedError as error:
             _log_fallback_once(str(error), "the sync is not checked (no training-side checksum)")
             return None
     else:
-        names, sums = checksums(weights.state_dict)
+        names, sums = checksums(weights.state_dict if dtype is None else _Cast(weights.state_dict, dtype))
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(sums)  # integer sums, alike in any order: exact
         wrap(sums)
     return {name: tuple(row) for name, row in zip(names, sums.tolist(), strict=True)}
+
+
+class _Cast(Mapping):
+    """A state dict whose tensors read as ``dtype``, each cast when it is read (one tensor's copy at a time)."""
+
+    def __init__(self, state_dict: Mapping[str, torch.Tensor], dtype: torch.dtype) -> None:
+        self.state_dict, self.dtype = state_dict, dtype
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.state_dict[name].to(self.dtype)
+
+    def __iter__(self):
+        return iter(self.state_dict)
+
+    def __len__(self) -> int:
+        return len(self.state_dict)
 
 
 def check_training_side(train: dict | None, global_steps: int | None) -> None:

@@ -1,0 +1,245 @@
+"""The actor -> vLLM weight sync, timed and checked: verl 0.9.1's own CUDA-IPC path with the pack's checksum around it.
+
+verl's colocated sync into vLLM (``ServerAdapter.update_weights``) streams HF-named tensors in buckets over CUDA IPC
+to the vLLM worker on the same GPU, which loads them with vLLM's own ``load_weights``: q/k/v rows go into one
+``qkv_proj``, gate/up into ``gate_up_proj``, the embedding into a vocabulary padded to a multiple of 64, every tensor
+cast to the engine's dtype. Nothing in verl checks what vLLM holds afterwards. With ``KLPPO_SYNC_LOG`` set (the
+recipes set it), every sync here:
+
+1. computes the checksums the engine should hold (``hybrid_engine.reshard.checksum``, in the rollout's dtype), before
+   the stream starts: from the training engine's own parameters where the pack's export carries them (FSDP2's state
+   dict, Megatron's GPTModel parameters: :func:`.weight_sync.training_checksums`, all-reduced over the ranks), so the
+   check covers verl's export too; otherwise (FSDP1, parameter offload) from each tensor as verl's stream yields it;
+   NaN/Inf on the training side stops the sync before anything moves;
+2. runs verl's sync unchanged, timed;
+3. asks each vLLM worker of the replica for the checksums of what it loaded (:func:`loaded_checksums`, installed on
+   verl's worker extension as ``klppo_loaded_checksums``: the fused rows sliced back out by their ``output_sizes``,
+   the padded vocabulary cut), compares them exactly and raises :class:`.weight_sync.SyncCheckFailed` naming the
+   first tensor that differs;
+4. appends a :class:`.weight_sync.SyncRecord` (scheme ``vllm_ipc``) to the sync log: seconds, bytes streamed, the
+   check's outcome and its own time.
+
+Why verl's path and not the resharder: into vLLM every training rank streams the whole model to the vLLM worker on its
+own GPU (CUDA IPC moves no bytes between GPUs); the resharder (``hybrid_engine.reshard``) removes the redundant
+gathers of the hf engine's hand-off, and on one GPU the training layout already holds the whole model. vLLM with
+tensor parallelism (each worker holds a slice) is timed but not checked: the record says so.
+
+A failure of the check's own machinery (not a mismatch) is logged once and recorded; it never stops a run.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Iterable, Iterator, Mapping
+
+import torch
+import torch.distributed as dist
+
+from recipes import envvars
+from recipes.verl_ext.plugin.weight_sync import (
+    SYNC_LOG_ENV,
+    SyncCheckFailed,
+    SyncRecord,
+    check_training_side,
+    training_checksums,
+)
+
+__all__ = ["READBACK_METHOD", "SCHEME", "checked_update_weights", "loaded_checksums", "worker_loaded_checksums"]
+
+logger = logging.getLogger(__name__)
+
+SCHEME = "vllm_ipc"
+READBACK_METHOD = "klppo_loaded_checksums"
+"""The method the pack adds to verl's vLLM worker extension (``vLLMColocateWorkerExtension``)."""
+WHY_NOT_RESHARDER = (
+    "vLLM rollout: verl's CUDA-IPC stream, each training rank to the vLLM worker on its own GPU "
+    "(the resharder feeds the hf engine)"
+)
+_LOGGED: set[str] = set()
+
+
+# ---- the generation side: in the vLLM worker ---------------------------------------------------------------------
+
+
+def _fused_parts(model) -> dict[str, tuple[str, int]]:
+    """HF module name -> (vLLM's fused module name, index) from the model class's ``packed_modules_mapping``."""
+    packed = getattr(model, "packed_modules_mapping", None) or {}
+    return {part: (fused, index) for fused, parts in packed.items() for index, part in enumerate(parts)}
+
+
+def _loaded_rows(model, tensors: Mapping[str, torch.Tensor], parts, name: str) -> torch.Tensor | None:
+    """The rows of vLLM's parameter that hold the HF tensor ``name``, or None where vLLM has no such parameter."""
+    if name in tensors:
+        return tensors[name]
+    prefix, _, attr = name.rpartition(".")
+    parent, _, leaf = prefix.rpartition(".")
+    if leaf not in parts:
+        return None
+    fused, index = parts[leaf]
+    try:
+        module = model.get_submodule(f"{parent}.{fused}" if parent else fused)
+    except AttributeError:
+        return None
+    sizes = getattr(module, "output_sizes", None)
+    param = getattr(module, attr, None)
+    if sizes is None or param is None:
+        return None
+    start = sum(sizes[:index])
+    return param[start : start + sizes[index]]
+
+
+def loaded_checksums(model, shapes: Mapping[str, Iterable[int]]) -> dict:
+    """What ``model`` (a vLLM model, one worker's, unsharded) holds under each HF name in ``shapes``: ``{"sums":
+    {name: [sum, weighted, nonfinite]}, "not_found": [names]}``.
+
+    A fused parameter's rows are sliced back by its module's ``output_sizes`` (``packed_modules_mapping`` names the
+    parts); a parameter longer than the HF tensor in dim 0 with the same other dims (the vocabulary vLLM pads) is cut
+    to the HF length. A name vLLM holds in another shape is ``not_found``, with its shape."""
+    from hybrid_engine.reshard.checksum import tensor_checksum  # lazy: runs in the vLLM worker only
+
+    tensors = dict(model.named_parameters(remove_duplicate=False))
+    tensors.update(model.named_buffers())
+    parts = _fused_parts(model)
+    sums, not_found = {}, []
+    for name, shape in shapes.items():
+        shape = tuple(shape)
+        rows = _loaded_rows(model, tensors, parts, name)
+        if rows is not None and rows.dim() and rows.shape[0] > shape[0] and tuple(rows.shape[1:]) == shape[1:]:
+            rows = rows[: shape[0]]
+        if rows is None or tuple(rows.shape) != shape:
+            not_found.append(name if rows is None else f"{name} {tuple(rows.shape)} != {shape}")
+            continue
+        sums[name] = tensor_checksum(rows).tolist()
+    return {"sums": sums, "not_found": not_found}
+
+
+def worker_loaded_checksums(self, shapes: dict) -> dict:
+    """``klppo_loaded_checksums`` of verl's vLLM worker extension: :func:`loaded_checksums` of this worker's model,
+    or why it is not read back (vLLM's tensor parallelism: each worker holds a slice)."""
+    from vllm.distributed import get_tensor_model_parallel_world_size  # lazy: vLLM's worker process only
+
+    tp = get_tensor_model_parallel_world_size()
+    if tp > 1:
+        return {"unchecked": f"vLLM tensor parallel {tp}: each worker holds a slice"}
+    with torch.no_grad():
+        return loaded_checksums(self.model_runner.model, shapes)
+
+
+# ---- the training side: in the actor's process ----------------------------------------------------------------------
+
+
+class _StreamChecksums:
+    """verl's stream as it is, counting each tensor's bytes and shape and, where no training-side checksums came
+    first, taking each tensor's checksum in the rollout's dtype as it passes."""
+
+    def __init__(self, weights, dtype: torch.dtype, take_sums: bool) -> None:
+        self.weights, self.dtype, self.take_sums = weights, dtype, take_sums
+        self.shapes: dict[str, list[int]] = {}
+        self.sums: dict[str, tuple[int, int, int]] = {}
+        self.bytes = 0
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        from hybrid_engine.reshard.checksum import tensor_checksum  # lazy: as in loaded_checksums
+
+        for name, tensor in self.weights:
+            self.shapes[name] = list(tensor.shape)
+            self.bytes += tensor.numel() * tensor.element_size()
+            if self.take_sums:
+                self.sums[name] = tuple(tensor_checksum(tensor.detach().to(self.dtype)).tolist())
+            yield name, tensor
+
+
+def _rollout_dtype(config) -> torch.dtype:
+    name = str(getattr(config, "dtype", "bfloat16")).replace("torch.", "")
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "half": torch.float16, "fp32": torch.float32,
+            "float": torch.float32}.get(name, getattr(torch, name, torch.bfloat16))
+
+
+def _compare(expected: Mapping, replies: list, dtype: torch.dtype) -> tuple[dict, str | None]:
+    """The check's record entry and the first mismatch (one line), from the workers' replies."""
+    from hybrid_engine.reshard.checksum import first_mismatch  # lazy: as in loaded_checksums
+
+    entry: dict = {"dtype": str(dtype).replace("torch.", ""), "workers": len(replies)}
+    unchecked = [r["unchecked"] for r in replies if "unchecked" in r]
+    if unchecked or not replies:
+        entry["checked"] = f"no: {unchecked[0] if unchecked else 'no vLLM worker replied'}"
+        return entry, None
+    mismatch = None
+    for reply in replies:
+        loaded = {name: tuple(row) for name, row in reply["sums"].items()}
+        mismatch = mismatch or first_mismatch({n: expected[n] for n in loaded if n in expected}, loaded)
+    entry.update(checked="both sides", tensors=len(replies[0]["sums"]), match=mismatch is None,
+                 not_read_back=replies[0]["not_found"])
+    if mismatch:
+        entry["mismatch"] = mismatch
+    return entry, mismatch
+
+
+def _log_once(message: str) -> None:
+    if message not in _LOGGED:
+        _LOGGED.add(message)
+        logger.warning("weight sync into vLLM: %s", message)
+
+
+def _append(record: SyncRecord) -> None:
+    path = envvars.getenv(SYNC_LOG_ENV)
+    if path:
+        with open(path, "a", encoding="utf-8") as log:  # one short line per write: appends do not interleave
+            log.write(record.to_json() + "\n")
+
+
+async def checked_update_weights(original, adapter, weights, global_steps=None, wire_format="named_tensors",
+                                 **kwargs):
+    """verl's ``ServerAdapter.update_weights`` (``original``), timed and checked as the module docstring says; verl's
+    call as it is for LoRA adapters, delta updates, or with no sync log."""
+    if wire_format != "named_tensors" or kwargs.get("peft_config") is not None or not envvars.getenv(SYNC_LOG_ENV):
+        return await original(adapter, weights, global_steps=global_steps, wire_format=wire_format, **kwargs)
+    dtype = _rollout_dtype(adapter.config)
+    started = time.perf_counter()
+    expected = training_checksums(weights, dtype=dtype)  # every rank alike (all-reduced); None: verl's stream
+    check_training_side(expected, global_steps)
+    check_seconds = time.perf_counter() - started
+    stream = _StreamChecksums(weights, dtype, take_sums=expected is None)
+    sync_started = time.perf_counter()
+    result = await original(adapter, stream, global_steps=global_steps, wire_format=wire_format, **kwargs)
+    seconds = time.perf_counter() - sync_started
+    record = SyncRecord(
+        global_steps=global_steps,
+        rank=dist.get_rank() if dist.is_initialized() else 0,
+        world_size=dist.get_world_size() if dist.is_initialized() else 1,
+        rollout_world_size=adapter.config.tensor_model_parallel_size,
+        feeder=bool(getattr(adapter, "_has_server", True)),
+        scheme=SCHEME,
+        tensors=len(stream.shapes),
+        model_bytes=stream.bytes,
+        seconds=seconds,
+        fallback_reason=WHY_NOT_RESHARDER,
+    )
+    mismatch = None
+    if record.feeder:
+        read_started = time.perf_counter()
+        try:
+            replies = await adapter._execute_method(READBACK_METHOD, kwargs={"shapes": stream.shapes})
+            entry, mismatch = _compare(expected or stream.sums, list(replies or []), dtype)
+            entry["source"] = "training engine's parameters" if expected is not None else "verl's stream as sent"
+        except Exception as error:  # noqa: BLE001  (the check's own failure is recorded, never stops a run)
+            _log_once(f"the check could not run: {type(error).__name__}: {error}")
+            entry = {"checked": f"no: {type(error).__name__}: {error}"}
+        entry["check_seconds"] = round(check_seconds + time.perf_counter() - read_started, 6)
+        record.extra["checksum"] = entry
+    _append(record)
+    if mismatch:
+        raise SyncCheckFailed(f"weight sync into vLLM for step {global_steps}: {mismatch}")
+    return result
+
+
+def wrap_update_weights(original):
+    """The wrapper installed on ``ServerAdapter.update_weights`` (``recipes.verl_ext.plugin.patches``)."""
+
+    @functools.wraps(original)
+    async def update_weights(self, weights, global_steps=None, wire_format="named_tensors", **kwargs):
+        return await checked_update_weights(original, self, weights, global_steps, wire_format, **kwargs)
+
+    return update_weights

@@ -1,0 +1,268 @@
+"""The sync into vLLM, timed and checked (recipes.verl_ext.plugin.vllm_sync), against a stand-in vLLM model.
+
+vLLM does not run on this machine (no CUDA), so the generation side is a module laid out as vLLM's Qwen2 is: q/k/v
+rows in one ``qkv_proj`` and gate/up in one ``gate_up_proj`` (each with vLLM's ``output_sizes``), the class's
+``packed_modules_mapping``, an embedding padded to 64 rows, a tied ``lm_head``, every parameter in bf16. verl's
+sync (``original``) is stood in by a loader that does what vLLM's ``load_weights`` does with the stream: cast to
+bf16 and copy each HF tensor into its rows. What is asserted is the pack's wrapper around it: the checksums expected
+(from the engine's parameters, or from verl's stream as sent), the read-back under HF names, the exact comparison,
+the record in the sync log, and a tensor changed anywhere on the way stopping the sync, named.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from hybrid_engine.reshard import ShardedWeights
+from hybrid_engine.reshard.checksum import tensor_checksum
+from recipes.verl_ext.plugin import patches, vllm_sync
+from recipes.verl_ext.plugin.weight_sync import SYNC_LOG_ENV, SyncCheckFailed, read_sync_log
+
+HIDDEN, HEADS_Q, HEADS_KV, HEAD, FFN, VOCAB = 16, 4, 2, 4, 24, 50
+
+
+class _Fused(nn.Module):
+    def __init__(self, sizes: list[int], bias: bool) -> None:
+        super().__init__()
+        self.output_sizes = sizes
+        self.weight = nn.Parameter(torch.zeros(sum(sizes), HIDDEN, dtype=torch.bfloat16))
+        self.bias = nn.Parameter(torch.zeros(sum(sizes), dtype=torch.bfloat16)) if bias else None
+
+
+class _VllmQwen2(nn.Module):
+    """One layer of vLLM's Qwen2 layout (names as vLLM's Qwen2ForCausalLM has them)."""
+
+    packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Module()
+        self.model.embed_tokens.weight = nn.Parameter(torch.zeros(64, HIDDEN, dtype=torch.bfloat16))  # padded
+        layer = nn.Module()
+        layer.self_attn = nn.Module()
+        layer.self_attn.qkv_proj = _Fused([HEADS_Q * HEAD, HEADS_KV * HEAD, HEADS_KV * HEAD], bias=True)
+        layer.mlp = nn.Module()
+        layer.mlp.gate_up_proj = _Fused([FFN, FFN], bias=False)
+        layer.input_layernorm = nn.Module()
+        layer.input_layernorm.weight = nn.Parameter(torch.zeros(HIDDEN, dtype=torch.bfloat16))
+        self.model.layers = nn.ModuleList([layer])
+        self.lm_head = self.model.embed_tokens  # tied, as vLLM ties them
+
+    def load(self, name: str, tensor: torch.Tensor) -> None:
+        """What vLLM's load_weights does with one HF tensor: cast, then copy into its rows."""
+        parts = {p: (f, i) for f, ps in self.packed_modules_mapping.items() for i, p in enumerate(ps)}
+        prefix, _, attr = name.rpartition(".")
+        parent, _, leaf = prefix.rpartition(".")
+        if leaf in parts:
+            fused, index = parts[leaf]
+            module = self.get_submodule(f"{parent}.{fused}")
+            start = sum(module.output_sizes[:index])
+            getattr(module, attr).data[start : start + tensor.shape[0]] = tensor.to(torch.bfloat16)
+        elif name != "model.layers.0.self_attn.rotary_emb.inv_freq":  # vLLM computes it, skips the loaded one
+            self.get_parameter(name).data[: tensor.shape[0]] = tensor.to(torch.bfloat16)
+
+
+def _hf_weights(seed: int = 0) -> dict[str, torch.Tensor]:
+    """The HF state dict verl streams (fp32, as FSDP's export sends it)."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = {
+        "model.embed_tokens.weight": (VOCAB, HIDDEN),
+        "model.layers.0.self_attn.q_proj.weight": (HEADS_Q * HEAD, HIDDEN),
+        "model.layers.0.self_attn.q_proj.bias": (HEADS_Q * HEAD,),
+        "model.layers.0.self_attn.k_proj.weight": (HEADS_KV * HEAD, HIDDEN),
+        "model.layers.0.self_attn.k_proj.bias": (HEADS_KV * HEAD,),
+        "model.layers.0.self_attn.v_proj.weight": (HEADS_KV * HEAD, HIDDEN),
+        "model.layers.0.self_attn.v_proj.bias": (HEADS_KV * HEAD,),
+        "model.layers.0.mlp.gate_proj.weight": (FFN, HIDDEN),
+        "model.layers.0.mlp.up_proj.weight": (FFN, HIDDEN),
+        "model.layers.0.input_layernorm.weight": (HIDDEN,),
+        "model.layers.0.self_attn.rotary_emb.inv_freq": (HEAD // 2,),
+    }
+    return {name: torch.randn(shape, generator=g) for name, shape in shapes.items()}
+
+
+class _Adapter:
+    """verl's ServerAdapter as the wrapper uses it: its config, ``_has_server`` and ``_execute_method`` (the
+    read-back runs the pack's worker method on the stand-in model)."""
+
+    def __init__(self, model: _VllmQwen2, reply=None) -> None:
+        self.config = SimpleNamespace(dtype="bfloat16", tensor_model_parallel_size=1)
+        self._has_server = True
+        self.model, self.reply, self.methods = model, reply, []
+
+    async def _execute_method(self, method, kwargs=None, **_):
+        self.methods.append(method)
+        if self.reply is not None:
+            return self.reply(kwargs)
+        return [vllm_sync.loaded_checksums(self.model, kwargs["shapes"])]
+
+
+def _loader(change: str | None = None):
+    """verl's sync stood in: drains the stream into the model (``change``: that tensor arrives with one value off)."""
+    calls = []
+
+    async def original(adapter, weights, global_steps=None, wire_format="named_tensors", **kwargs):
+        calls.append(weights)
+        for name, tensor in weights:
+            if name == change:
+                tensor = tensor.clone()
+                tensor.view(-1)[0] += 1.0
+            adapter.model.load(name, tensor)
+
+    return original, calls
+
+
+def _sync(adapter, weights, original, step: int = 3):
+    return asyncio.run(vllm_sync.checked_update_weights(original, adapter, weights, global_steps=step))
+
+
+@pytest.fixture
+def sync_log(tmp_path, monkeypatch):
+    path = tmp_path / "weight_sync.jsonl"
+    monkeypatch.setenv(SYNC_LOG_ENV, str(path))
+    return path
+
+
+def test_read_back_under_hf_names_matches_each_tensor():
+    hf = _hf_weights()
+    model = _VllmQwen2()
+    for name, tensor in hf.items():
+        model.load(name, tensor)
+    got = vllm_sync.loaded_checksums(model, {n: list(t.shape) for n, t in hf.items()})
+    assert got["not_found"] == ["model.layers.0.self_attn.rotary_emb.inv_freq"]
+    assert set(got["sums"]) == set(hf) - {"model.layers.0.self_attn.rotary_emb.inv_freq"}
+    for name, sums in got["sums"].items():
+        assert sums == tensor_checksum(hf[name].to(torch.bfloat16)).tolist(), name
+    # the tied lm_head reads the embedding's 50 rows of its 64
+    got = vllm_sync.loaded_checksums(model, {"lm_head.weight": [VOCAB, HIDDEN]})
+    assert got["sums"]["lm_head.weight"] == tensor_checksum(hf["model.embed_tokens.weight"].bfloat16()).tolist()
+
+
+def test_verl_stream_checked_and_recorded(sync_log):
+    hf = _hf_weights()
+    adapter = _Adapter(_VllmQwen2())
+    original, calls = _loader()
+    _sync(adapter, iter(hf.items()), original)
+    assert len(calls) == 1 and adapter.methods == [vllm_sync.READBACK_METHOD]
+    (record,) = read_sync_log(sync_log)
+    assert record["scheme"] == "vllm_ipc" and record["global_steps"] == 3 and record["tensors"] == len(hf)
+    assert record["model_bytes"] == sum(t.numel() * 4 for t in hf.values())  # fp32, as streamed
+    check = record["extra"]["checksum"]
+    assert check["checked"] == "both sides" and check["match"] is True and check["tensors"] == len(hf) - 1
+    assert check["source"] == "verl's stream as sent" and check["dtype"] == "bfloat16"
+    assert check["not_read_back"] == ["model.layers.0.self_attn.rotary_emb.inv_freq"]
+    assert "resharder" in record["fallback_reason"]
+
+
+@pytest.mark.parametrize("changed", ["model.layers.0.self_attn.k_proj.weight", "model.layers.0.mlp.up_proj.weight"])
+def test_a_tensor_changed_on_the_way_stops_the_sync_named(sync_log, changed):
+    hf = _hf_weights()
+    original, _ = _loader(change=changed)
+    with pytest.raises(SyncCheckFailed, match=f"step 3: {changed.replace('.', '[.]')}: training and generation"):
+        _sync(_Adapter(_VllmQwen2()), iter(hf.items()), original)
+    (record,) = read_sync_log(sync_log)
+    assert record["extra"]["checksum"]["match"] is False and changed in record["extra"]["checksum"]["mismatch"]
+
+
+def test_engine_parameters_are_the_reference_when_the_export_carries_them(sync_log):
+    """With the engine's own parameters beside verl's stream (the pack's export), the check covers the export too:
+    a stream that differs from the parameters fails, though vLLM loaded what it was sent."""
+    hf = _hf_weights()
+    exported = dict(hf)
+    exported["model.layers.0.self_attn.v_proj.bias"] = hf["model.layers.0.self_attn.v_proj.bias"] * 2
+    original, _ = _loader()
+    weights = ShardedWeights(hf, fallback=iter(exported.items()))
+    with pytest.raises(SyncCheckFailed, match="v_proj.bias"):
+        _sync(_Adapter(_VllmQwen2()), weights, original)
+    assert read_sync_log(sync_log)[0]["extra"]["checksum"]["source"] == "training engine's parameters"
+
+    original, _ = _loader()
+    _sync(_Adapter(_VllmQwen2()), ShardedWeights(hf, fallback=iter(hf.items())), original, step=4)
+    assert read_sync_log(sync_log)[1]["extra"]["checksum"]["match"] is True
+
+
+def test_nan_in_the_training_weights_stops_before_the_stream(sync_log):
+    hf = _hf_weights()
+    hf["model.layers.0.mlp.gate_proj.weight"][2, 3] = float("nan")
+    original, calls = _loader()
+    with pytest.raises(SyncCheckFailed, match=r"StabilityFault\[nan_weights\].*gate_proj.weight holds NaN/Inf"):
+        _sync(_Adapter(_VllmQwen2()), ShardedWeights(hf, fallback=iter(hf.items())), original)
+    assert calls == [] and read_sync_log(sync_log) == []
+
+
+def test_unchecked_or_broken_read_back_is_recorded_and_the_run_goes_on(sync_log):
+    hf = _hf_weights()
+    original, _ = _loader()
+    tp2 = _Adapter(_VllmQwen2(), reply=lambda kwargs: [{"unchecked": "vLLM tensor parallel 2: each worker holds a "
+                                                                      "slice"}] * 2)
+    _sync(tp2, iter(hf.items()), original)
+
+    def broken(kwargs):
+        raise RuntimeError("worker gone")
+
+    _sync(_Adapter(_VllmQwen2(), reply=broken), iter(hf.items()), original, step=4)
+    first, second = (r["extra"]["checksum"]["checked"] for r in read_sync_log(sync_log))
+    assert first == "no: vLLM tensor parallel 2: each worker holds a slice"
+    assert second == "no: RuntimeError: worker gone"
+
+
+def test_without_a_sync_log_or_for_lora_verl_runs_as_it_is(monkeypatch):
+    monkeypatch.delenv(SYNC_LOG_ENV, raising=False)
+    weights = iter(_hf_weights().items())
+    original, calls = _loader()
+    adapter = _Adapter(_VllmQwen2())
+    _sync(adapter, weights, original)
+    assert calls == [weights] and adapter.methods == []
+
+
+def test_patches_install_on_verls_classes():
+    """The three patches, applied to stand-ins of verl's modules: the adapter's sync wrapped once, the worker
+    extension's read-back added, the server's collective_rpc returning what the workers returned."""
+
+    class ServerAdapter:
+        async def update_weights(self, weights, global_steps=None, wire_format="named_tensors", **kwargs):
+            return "verl"
+
+    class Engine:
+        async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+            return [f"{method} on worker 0"]
+
+    class vLLMHttpServer:  # noqa: N801  (verl's name)
+        engine = Engine()
+
+        async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+            await self.engine.collective_rpc(method=method, timeout=timeout, args=args, kwargs=kwargs)
+
+    class vLLMColocateWorkerExtension:  # noqa: N801  (verl's name)
+        pass
+
+    rollout = SimpleNamespace(ServerAdapter=ServerAdapter)
+    patches._checked_vllm_sync(rollout)
+    wrapped = ServerAdapter.update_weights
+    patches._checked_vllm_sync(rollout)
+    assert ServerAdapter.update_weights is wrapped and wrapped.__wrapped__ is not None
+    patches._vllm_readback(SimpleNamespace(vLLMColocateWorkerExtension=vLLMColocateWorkerExtension))
+    assert vLLMColocateWorkerExtension.klppo_loaded_checksums is vllm_sync.worker_loaded_checksums
+    assert vllm_sync.READBACK_METHOD == "klppo_loaded_checksums"
+    patches._rpc_results(SimpleNamespace(vLLMHttpServer=vLLMHttpServer))
+    assert asyncio.run(vLLMHttpServer().collective_rpc("ping")) == ["ping on worker 0"]
+
+
+def test_the_run_summary_says_time_bytes_and_checks(sync_log):
+    """The line a run prints at its end (recipes.run.train.weight_sync_summary) from the records the syncs wrote."""
+    from recipes.run.train import weight_sync_summary
+
+    hf = _hf_weights()
+    original, _ = _loader()
+    for step in (1, 2, 3):
+        _sync(_Adapter(_VllmQwen2()), iter(hf.items()), original, step=step)
+    line = weight_sync_summary(sync_log)
+    mib = sum(t.numel() * 4 for t in hf.values()) / 2**20  # 8,520 bytes of fp32
+    assert line.startswith("weight sync into vLLM (3 syncs, verl's CUDA-IPC path, weight_sync.jsonl): median ")
+    assert line.endswith(" s for 0.01 MiB; checksum matched in 3 of 3") and f"{mib:.2f}" == "0.01"
