@@ -6,12 +6,16 @@
 #   bash scripts/gpu/build_all.sh --list     # what it would build and carry; builds and writes nothing
 #   bash scripts/gpu/build_all.sh --layout   # lay out the carry folders from the archives already built; builds nothing
 #   bash scripts/gpu/build_all.sh --force    # rebuild every archive
-#   ONLY="site megatron" bash scripts/gpu/build_all.sh     # some archives only (default: site megatron vllm)
+#   ONLY="site megatron" bash scripts/gpu/build_all.sh     # some archives only (default: site megatron vllm, and
+#                                                           # sglang once its archive is in .gpu-packages)
+#   ONLY="site megatron vllm sglang" bash scripts/gpu/build_all.sh   # build SGLang's too (then the default has it)
 #
 # The archives, in .gpu-packages/ (PACK_OUT; git-ignored), each from its own script (xz -1: minutes on 2 cores):
 #   site      scripts/gpu/pack.sh           Ray, verl 0.9.1 and what verl's trainer imports (every GPU run)
 #   vllm      scripts/gpu/pack_vllm.sh      vLLM 0.24.0 and its pure-Python needs, in parts (rollout=vllm)
 #   megatron  scripts/gpu/pack_megatron.sh  megatron-core 0.16.1, mbridge 0.15.1, einops (strategy=megatron)
+#   sglang    scripts/gpu/pack_sglang.sh    SGLang 0.5.13.post1 and what it needs beyond the site, in parts
+#                                           (rollout=sglang only: built when ONLY names it, laid out last)
 # The carry folders, .gpu-stage0 .. .gpu-stageN at the checkout's top (STAGE_ROOT; git-ignored): hard links to the
 # archives, each folder at most 64 MiB less the working tree the same call carries (STAGE_MB overrides), with
 # STAGING.txt (every file, its size, sha256 and folder) in .gpu-stage0. On the GPU machine, one call per folder:
@@ -21,7 +25,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${PACK_OUT:-.gpu-packages}
 ROOT_OUT=${STAGE_ROOT:-.}
-ONLY=${ONLY:-site megatron vllm}
+# sglang (7 more folders a staging carries, for rollout=sglang alone) is built only where ONLY names it; once built,
+# the default lays it out too, after vLLM's parts
+if [ -z "${ONLY:-}" ]; then ONLY="site megatron vllm"; [ -f "$OUT/sglang.tar.xz.part-00" ] && ONLY="$ONLY sglang"; fi
 MODE=build
 case "${1:-}" in
   --list) MODE=list ;;
@@ -33,18 +39,21 @@ esac
 
 SCRIPTS=${PACK_SCRIPTS:-scripts/gpu}  # the pack scripts' folder (tests put stand-ins there)
 script_of() { case $1 in site) echo "$SCRIPTS/pack.sh" ;; vllm) echo "$SCRIPTS/pack_vllm.sh" ;;
-  megatron) echo "$SCRIPTS/pack_megatron.sh" ;; *) return 1 ;; esac; }
+  megatron) echo "$SCRIPTS/pack_megatron.sh" ;; sglang) echo "$SCRIPTS/pack_sglang.sh" ;; *) return 1 ;; esac; }
 inputs_of() { case $1 in site) echo "$SCRIPTS/pack.sh requirements/cpu.lock" ;;
-  vllm) echo "$SCRIPTS/pack_vllm.sh scripts/gpu/vllm_needs.txt" ;; megatron) echo "$SCRIPTS/pack_megatron.sh requirements/megatron-site.txt" ;; esac; }
+  vllm) echo "$SCRIPTS/pack_vllm.sh scripts/gpu/vllm_needs.txt" ;; megatron) echo "$SCRIPTS/pack_megatron.sh requirements/megatron-site.txt" ;;
+  sglang) echo "$SCRIPTS/pack_sglang.sh scripts/gpu/sglang_needs.txt" ;; esac; }
 # the files an archive is, in carry order (its manifest first)
 files_of() {
   case $1 in
     site) echo "$OUT/MANIFEST.txt $OUT/site.tar.xz" ;;
     vllm) echo "$OUT/vllm.MANIFEST.txt"; ls "$OUT"/vllm.tar.xz.part-* 2>/dev/null || true ;;
     megatron) echo "$OUT/megatron.MANIFEST.txt $OUT/megatron.tar.xz" ;;
+    sglang) echo "$OUT/sglang.MANIFEST.txt"; ls "$OUT"/sglang.tar.xz.part-* 2>/dev/null || true ;;
   esac
 }
-primary_of() { case $1 in site) echo site.tar.xz ;; vllm) echo vllm.tar.xz.part-00 ;; megatron) echo megatron.tar.xz ;; esac; }
+primary_of() { case $1 in site) echo site.tar.xz ;; vllm) echo vllm.tar.xz.part-00 ;; megatron) echo megatron.tar.xz ;;
+  sglang) echo sglang.tar.xz.part-00 ;; esac; }
 # built: every file there, from the inputs its script has now (their sha256, recorded in $OUT/BUILT.txt by the last
 # build here); an archive built by its script alone (no record) counts as built: --force rebuilds it
 inputs_hash() { cat $(inputs_of "$1") | sha256sum | cut -c1-16; }
@@ -57,7 +66,7 @@ state_of() {
 }
 mib() { echo $(( ($1 + 1048575) / 1048576 )); }
 
-for name in $ONLY; do script_of "$name" >/dev/null || { echo "build_all: unknown archive $name (site vllm megatron)" >&2; exit 2; }; done
+for name in $ONLY; do script_of "$name" >/dev/null || { echo "build_all: unknown archive $name (site vllm megatron sglang)" >&2; exit 2; }; done
 for name in $ONLY; do
   state=$(state_of "$name")
   if [ "$MODE" = list ]; then
@@ -74,7 +83,8 @@ for name in $ONLY; do
     # progress) keep the bytes STAGING.txt names
     rm -rf "$OUT/.building-$name" && mkdir -p "$OUT/.building-$name"
     PACK_OUT=$OUT/.building-$name bash "$(script_of "$name")"
-    [ "$name" = vllm ] && rm -f "$OUT"/vllm.tar.xz.part-*
+    # an archive in parts: the old parts go, so that a rebuild in fewer parts leaves none behind
+    case $name in vllm|sglang) rm -f "$OUT/$name".tar.xz.part-* ;; esac
     mv -f "$OUT/.building-$name"/* "$OUT/" && rmdir "$OUT/.building-$name"
     echo "$name $(inputs_hash "$name") $(date -u +%Y-%m-%dT%H:%M:%SZ)" >>"$OUT/BUILT.txt"
     echo "build_all: $name: built in $(( $(date +%s) - start )) s"

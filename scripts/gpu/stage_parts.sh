@@ -7,8 +7,9 @@
 #   site.tar.xz (pack.sh)                  -> $E2E_WORK/site           Ray, verl: every GPU run
 #   megatron.tar.xz (pack_megatron.sh)     -> $E2E_WORK/megatron_site  strategy=megatron
 #   vllm.tar.xz.part-* (pack_vllm.sh)      -> $E2E_WORK/vllm_site      rollout=vllm (joined, checked, unpacked)
+#   sglang.tar.xz.part-* (pack_sglang.sh)  -> $E2E_WORK/sglang_site    rollout=sglang (joined, checked, unpacked)
 # run_h200_e2e.sh and vs_verl.sh put site and vllm_site on PYTHONPATH; megatron_site goes there by hand
-# (PYTHONPATH=$E2E_WORK/megatron_site, docs/staging.md).
+# (PYTHONPATH=$E2E_WORK/megatron_site), and sglang_site too, ahead of vllm_site (docs/staging.md).
 #
 #   bash scripts/gpu/stage_parts.sh                 # whatever this call carried (.gpu-stage*/, .gpu-packages/)
 #   STAGE_FROM=".gpu-stage2" bash scripts/gpu/stage_parts.sh        # these folders only
@@ -48,40 +49,41 @@ unpack_one() {  # name archive-file folder-under-WORK
   xz -dc -T0 "$STAGE/$file" | tar -xf - -C "$WORK/$dest.tmp" && mv "$WORK/$dest.tmp/site" "$WORK/$dest" &&
     rm -rf "$WORK/$dest.tmp"
 }
-unpack_vllm() {
-  local manifest=$STAGE/vllm.MANIFEST.txt missing="" p want got
-  [ -d "$WORK/vllm_site" ] && return 0
-  [ -f "$manifest" ] || { echo "vllm.MANIFEST.txt$(where vllm.MANIFEST.txt)"; return 1; }
-  for p in $(awk '/ vllm.tar.xz.part-/ {print $2}' "$manifest"); do
+unpack_parts() {  # name (vllm, sglang): NAME.tar.xz.part-* checked against NAME.MANIFEST.txt, joined -> NAME_site
+  local name=$1 manifest=$STAGE/$1.MANIFEST.txt dest=$WORK/$1_site missing="" p want got
+  [ -d "$dest" ] && return 0
+  [ -f "$manifest" ] || { echo "$name.MANIFEST.txt$(where "$name.MANIFEST.txt")"; return 1; }
+  for p in $(awk -v n=" $name.tar.xz.part-" 'index($0, n) {print $2}' "$manifest"); do
     [ -f "$STAGE/$p" ] || missing="$missing $p$(where "$p")"
   done
   [ -z "$missing" ] || { echo "${missing# }"; return 1; }
-  want=$(awk '/vllm.tar.xz \(joined\)/ {print $1}' "$manifest")
-  got=$(cat "$STAGE"/vllm.tar.xz.part-* | sha256sum | cut -d' ' -f1)
-  [ "$want" = "$got" ] || { echo "the joined parts (sha256 $got; vllm.MANIFEST.txt says $want): carry them again"; return 1; }
-  rm -rf "$WORK/vllm_site.tmp" && mkdir -p "$WORK/vllm_site.tmp"
-  cat "$STAGE"/vllm.tar.xz.part-* | xz -dc -T0 | tar -xf - -C "$WORK/vllm_site.tmp" &&
-    mv "$WORK/vllm_site.tmp/site" "$WORK/vllm_site" && rm -rf "$WORK/vllm_site.tmp"
+  want=$(awk -v n="$name.tar.xz (joined)" 'index($0, n) {print $1}' "$manifest")
+  got=$(cat "$STAGE/$name".tar.xz.part-* | sha256sum | cut -d' ' -f1)
+  [ "$want" = "$got" ] || { echo "the joined parts (sha256 $got; $name.MANIFEST.txt says $want): carry them again"; return 1; }
+  rm -rf "$dest.tmp" && mkdir -p "$dest.tmp"
+  cat "$STAGE/$name".tar.xz.part-* | xz -dc -T0 | tar -xf - -C "$dest.tmp" && mv "$dest.tmp/site" "$dest" &&
+    rm -rf "$dest.tmp"
 }
 
 # the archives this staging is for: those STAGING.txt names; without one (parts laid out by hand, before
-# build_all.sh), pack.sh's and pack_vllm.sh's, and megatron's where its archive came
+# build_all.sh), pack.sh's and pack_vllm.sh's, and megatron's and sglang's where their archive or manifest came
 if [ -f "$plan" ]; then
   archives=$(grep -v '^#' "$plan" | awk '{print $3}' | sed -n 's/^site.tar.xz$/site/p; s/^megatron.tar.xz$/megatron/p;
-    s/^vllm.MANIFEST.txt$/vllm/p' | tr '\n' ' ')
+    s/^vllm.MANIFEST.txt$/vllm/p; s/^sglang.MANIFEST.txt$/sglang/p' | tr '\n' ' ')
 else
   archives="site vllm"
   { [ -f "$STAGE/megatron.tar.xz" ] || [ -d "$WORK/megatron_site" ]; } && archives="site megatron vllm"
+  { [ -f "$STAGE/sglang.MANIFEST.txt" ] || [ -d "$WORK/sglang_site" ]; } && archives="$archives sglang"
 fi
 report=(); unpacked=" "
 for name in $archives; do
   case $name in
     site) dest=site; file=site.tar.xz ;;
     megatron) dest=megatron_site; file=megatron.tar.xz ;;
-    vllm) dest=vllm_site ;;
   esac
-  if [ "$name" = vllm ]; then
-    if out=$(unpack_vllm); then unpacked="$unpacked$name "; report+=("vllm unpacked"); else report+=("vllm missing $out"); fi
+  if [ "$name" = vllm ] || [ "$name" = sglang ]; then
+    if out=$(unpack_parts "$name"); then unpacked="$unpacked$name "; report+=("$name unpacked")
+    else report+=("$name missing $out"); fi
   elif unpack_one "$name" "$file" "$dest"; then
     unpacked="$unpacked$name "; report+=("$name unpacked")
   else
@@ -92,6 +94,7 @@ ready=()
 case $unpacked in *" site "*)
   ready+=("rollout=hf")
   case $unpacked in *" vllm "*) ready+=("rollout=vllm") ;; esac
+  case $unpacked in *" sglang "*) ready+=("rollout=sglang (PYTHONPATH=$WORK/sglang_site first)") ;; esac
   case $unpacked in *" megatron "*) ready+=("strategy=megatron (PYTHONPATH=$WORK/megatron_site)") ;; esac ;;
 esac
 line=$(printf '%s; ' "${report[@]}")

@@ -134,8 +134,8 @@ def test_stage_parts_unpacks_each_archive_as_its_folders_arrive_and_says_what_is
 
 def test_build_all_refuses_an_unknown_argument_or_archive(tmp_path):
     assert _bash(BUILD_ALL, "--dry").returncode == 2
-    proc = _bash(BUILD_ALL, "--list", ONLY="site sglang", PACK_OUT=str(tmp_path))
-    assert proc.returncode == 2 and "build_all: unknown archive sglang (site vllm megatron)" in proc.stderr
+    proc = _bash(BUILD_ALL, "--list", ONLY="site trtllm", PACK_OUT=str(tmp_path))
+    assert proc.returncode == 2 and "build_all: unknown archive trtllm (site vllm megatron sglang)" in proc.stderr
 
 
 STAND_IN = """#!/usr/bin/env bash
