@@ -397,7 +397,7 @@ def _checked_vllm_sync(vllm_rollout) -> None:
     require_supported_verl()
     # lazy: verl imports this module in every process; only one that builds a vLLM rollout adapter needs these
     from recipes.verl_ext.plugin import vllm_sync
-    from recipes.verl_ext.plugin.weight_sync import enable_sharded_export
+    from recipes.verl_ext.plugin.weight_sync import enable_sharded_export  # lazy: as the line above
 
     enable_sharded_export()
     wrap_once(vllm_rollout.ServerAdapter, "update_weights", "_hybrid_engine_checked", vllm_sync.wrap_update_weights)
