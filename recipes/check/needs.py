@@ -41,15 +41,15 @@ from recipes.check.lookups import PKG_PREFIX, module_file, reward_function
 SGLANG_TRANSFORMERS = {
     "0.5.12": "5.6.0",  # uv's resolution of verl[sglang]==0.9.1 (scripts/gpu/results/2026-12-03-sglang/README.md)
     "0.5.12.post1": "5.6.0",  # NVIDIA-NeMo/RL#3344's table of what moves from 0.5.12.post1 to 0.5.13.post1
-    "0.5.13": "5.8.1",  # sgl-project/sglang#25451 (5.6.0 -> 5.8.1, merged 2026-05-19, before 0.5.13 of 2026-06-11)
-    "0.5.13.post1": "5.8.1",  # NVIDIA-NeMo/RL#3344
-    "0.5.14": "5.8.1",  # sglang#29393 (5.8.1 -> 5.12.1) was opened the day 0.5.14 was published, merged after it
+    "0.5.13": "5.8.1",  # its wheel's METADATA (read 2026-12-07; sgl-project/sglang#25451 moved 5.6.0 -> 5.8.1)
+    "0.5.13.post1": "5.8.1",  # its wheel's METADATA (read 2026-12-07; also NVIDIA-NeMo/RL#3344)
+    "0.5.14": "5.8.1",  # its wheel's METADATA (read 2026-12-07; sglang#29393's move to 5.12.1 came after it)
     "0.5.15": "5.12.1",  # sglang#29393, merged before 0.5.15 (2026-07-10)
     "0.5.23": "5.19.0",  # PyPI's JSON for sglang (its newest release, 2026-10-30)
 }
-"""The ``transformers==`` pin of each SGLang release read so far, with where it was read (PyPI's per-release
-metadata is not reachable from the CPU machine; tests/recipes/test_sglang_extra.py holds the releases below against
-verl's installed requirements)."""
+"""The ``transformers==`` pin of each SGLang release read so far, with where it was read (the wheels of 0.5.13,
+0.5.13.post1 and 0.5.14 were downloaded and read by scripts/gpu/pack_sglang.sh's work, docs/staging.md;
+tests/recipes/test_sglang_extra.py holds the releases below against verl's installed requirements)."""
 SGLANG_DRIVEN = ">=0.5.13,<0.5.15"
 """The SGLang releases verl 0.9.1 can drive: those whose transformers pin verl 0.9.1's requirement accepts."""
 SGLANG_PIN = "0.5.13.post1"

@@ -12,7 +12,8 @@ unpack_wheels() {
     name=${spec%%==*}; version=${spec##*==}
     # a wheel's file name writes the project's - as _, and . as _ or . (older wheels: zope.interface-7.2-...)
     stem=$(echo "$name" | tr 'A-Z' 'a-z' | sed 's/[-_.]/[-_.]/g')
-    wheel=$(ls "$wheels" | awk -v s="$stem" -v v="$version" 'tolower($0) ~ "^"s"-"v"-" {print; exit}')
+    # awk reads the whole listing (no early exit): under pipefail an early exit can kill ls with SIGPIPE
+    wheel=$(ls "$wheels" | awk -v s="$stem" -v v="$version" '!found && tolower($0) ~ "^"s"-"v"-" {print; found = 1}')
     [ -n "$wheel" ] || { echo "$who: no wheel for $spec in $wheels" >&2; exit 1; }
     unzip -q -o "$wheels/$wheel" -d "$site"
   done

