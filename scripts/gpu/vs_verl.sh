@@ -10,6 +10,8 @@
 #   python scripts/gpu/vs_verl_summary.py OUTDIR --json summary.json   # the table, after the arms
 #   CHECK=1 GPU_NAME=H100 bash scripts/gpu/vs_verl.sh ARM OUTDIR   # on a CPU machine: compose the arm's command only
 #                                 (verl: --cfg job; the pack: action=validate), with the installed packages
+#   ARM_EXTRA="key=value ..." bash scripts/gpu/vs_verl.sh ARM OUTDIR   # these overrides after the arm's own (a variant
+#                                 of one arm, e.g. data.dataloader_num_workers=0; cmd.txt records it)
 #
 # The workload (every arm): the Qwen2.5-1.5B shape with random weights (scripts/gpu/random_model.py), 32 prompts of
 # 128-480 tokens x 5 samples a step from scripts/gpu/vs_verl_data.py, responses up to 512 tokens (a random policy
@@ -36,6 +38,7 @@ WORK=${E2E_WORK:-/tmp/klppo_e2e}
 PY=${PYTHON:-python3}
 STEPS=${STEPS:-6}
 RUN_TIMEOUT=${RUN_TIMEOUT:-540}
+read -r -a ARM_EXTRA_ARGS <<<"${ARM_EXTRA:-}"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-INFO}
 
 # the staged packages (scripts/gpu/stage_parts.sh): vLLM's site first, then Ray/verl's
@@ -133,13 +136,15 @@ VERL_VALUES=(strategy=fsdp actor_rollout_ref.rollout.cudagraph_capture_sizes=nul
 
 if [ -n "${CHECK:-}" ]; then
   case $ARM in
-    verl) cd "$WORK" && exec "$PY" -m verl.trainer.main_ppo "${VERL_EXAMPLE[@]}" "${WORKLOAD[@]}" --cfg job ;;
-    port) exec "$PY" -m recipes.grpo "${VERL_EXAMPLE[@]}" "${WORKLOAD[@]}" cluster=$CLUSTER action=validate hydra.run.dir="$WORK/check/$ARM" ;;
-    portverl) exec "$PY" -m recipes.grpo "${VERL_EXAMPLE[@]}" "${WORKLOAD[@]}" cluster=$CLUSTER "${VERL_VALUES[@]}" action=validate \
+    verl) cd "$WORK" && exec "$PY" -m verl.trainer.main_ppo "${VERL_EXAMPLE[@]}" "${WORKLOAD[@]}" "${ARM_EXTRA_ARGS[@]}" --cfg job ;;
+    port) exec "$PY" -m recipes.grpo "${VERL_EXAMPLE[@]}" "${WORKLOAD[@]}" cluster=$CLUSTER "${ARM_EXTRA_ARGS[@]}" action=validate \
+      hydra.run.dir="$WORK/check/$ARM" ;;
+    portverl) exec "$PY" -m recipes.grpo "${VERL_EXAMPLE[@]}" "${WORKLOAD[@]}" cluster=$CLUSTER "${VERL_VALUES[@]}" \
+      "${ARM_EXTRA_ARGS[@]}" action=validate \
       hydra.run.dir="$WORK/check/$ARM" ;;
     *) extra=(); [ "$ARM" = pack7b ] && extra=("${FIT_7B[@]}")
        exec "$PY" -m recipes.grpo cluster=$CLUSTER cluster.gpus_per_node=1 parallel=tp1 rollout=vllm model=$MODEL \
-         kl=fixed "${WORKLOAD[@]}" "${extra[@]}" action=validate hydra.run.dir="$WORK/check/$ARM" ;;
+         kl=fixed "${WORKLOAD[@]}" "${extra[@]}" "${ARM_EXTRA_ARGS[@]}" action=validate hydra.run.dir="$WORK/check/$ARM" ;;
   esac
 fi
 dir=$OUTDIR/$ARM
@@ -172,6 +177,7 @@ torch.__version__, 'transformers', transformers.__version__, 'ray', ray.__versio
 vllm.__version__); from importlib.metadata import entry_points; print('verl.plugins entry points:', \
 [e.value for e in entry_points(group='verl.plugins')])" 2>&1 | tail -2)
 } >"$dir/env.txt"
+cmd+=("${ARM_EXTRA_ARGS[@]}")
 printf '%q ' "${cmd[@]}" >"$dir/cmd.txt"; echo >>"$dir/cmd.txt"
 cat "$dir/env.txt"; echo "=== $ARM on $CLUSTER: $(cat "$dir/cmd.txt")"
 

@@ -139,6 +139,20 @@ def test_each_arm_composes_as_the_gpu_machine_runs_it(tmp_path):
     assert "config OK: fsdp train dp1 tp1 pp1 cp1 ep1" in portverl.stdout
 
 
+@pytest.mark.slow  # child processes (verl's Hydra, the pack's validation)
+def test_arm_extra_reaches_the_arms_command(tmp_path):
+    """ARM_EXTRA: a variant of one arm (the first-generation test: the data loader without worker processes)."""
+    pack = _check("pack", "NVIDIA H200", tmp_path, ARM_EXTRA="data.dataloader_num_workers=0")
+    assert pack.returncode == 0, pack.stderr[-2000:]
+    resolved = (tmp_path / "work" / "check" / "pack" / "resolved_config.yaml").read_text()
+    assert "dataloader_num_workers: 0" in resolved
+    verl = _check("verl", "NVIDIA H100 80GB HBM3", tmp_path, ARM_EXTRA="data.dataloader_num_workers=0")
+    assert verl.returncode == 0, verl.stderr[-2000:]
+    assert "dataloader_num_workers: 0" in verl.stdout
+    without = _check("verl", "NVIDIA H100 80GB HBM3", tmp_path)
+    assert "dataloader_num_workers: 8" in without.stdout  # verl's default, as the arms ran on 2026-12-06
+
+
 @pytest.mark.slow  # child processes (the pack's validation)
 def test_the_7b_arm_takes_the_route_that_fits_one_h200_and_its_host(tmp_path):
     """The GPU machines this pack is lent hold 128 GiB (125 GiB in /proc/meminfo): FSDP2's CPU offload of the 7B
