@@ -98,7 +98,10 @@ def checksums(
     names = list(state) if names is None else list(names)
     if not names:
         return names, torch.zeros(0, 3, dtype=torch.int64)
-    rows = [local_checksum(state[n]) if n in state and counts_here(state[n]) else None for n in names]
+    rows = []
+    for name in names:
+        tensor = state[name] if name in state else None  # read once: a mapping may build it on each read (a cast)
+        rows.append(local_checksum(tensor) if tensor is not None and counts_here(tensor) else None)
     device = next(r.device for r in rows if r is not None) if any(r is not None for r in rows) else "cpu"
     rows = [torch.zeros(3, dtype=torch.int64, device=device) if r is None else r.to(device) for r in rows]
     return names, torch.stack(rows)

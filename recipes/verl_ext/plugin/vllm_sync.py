@@ -102,7 +102,7 @@ def loaded_checksums(model, shapes: Mapping[str, Iterable[int]]) -> dict:
     tensors = dict(model.named_parameters(remove_duplicate=False))
     tensors.update(model.named_buffers())
     parts = _fused_parts(model)
-    sums, not_found = {}, []
+    found, not_found = {}, []
     for name, shape in shapes.items():
         shape = tuple(shape)
         rows = _loaded_rows(model, tensors, parts, name)
@@ -111,7 +111,9 @@ def loaded_checksums(model, shapes: Mapping[str, Iterable[int]]) -> dict:
         if rows is None or tuple(rows.shape) != shape:
             not_found.append(name if rows is None else f"{name} {tuple(rows.shape)} != {shape}")
             continue
-        sums[name] = tensor_checksum(rows).tolist()
+        found[name] = tensor_checksum(rows)
+    # one copy to the host for all of them, not one device sync a tensor
+    sums = dict(zip(found, torch.stack(list(found.values())).tolist(), strict=True)) if found else {}
     return {"sums": sums, "not_found": not_found}
 
 
