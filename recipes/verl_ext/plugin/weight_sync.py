@@ -352,11 +352,24 @@ def training_checksums(weights, dtype: torch.dtype | None = None) -> dict[str, t
             _log_fallback_once(str(error), "the sync is not checked (no training-side checksum)")
             return None
     else:
+        if _host_sums_over_nccl(weights.state_dict):
+            _log_fallback_once("the actor's weights are on the host (CPU offload) and NCCL sums device tensors only",
+                               "the training side is not checksummed")
+            return None
         names, sums = checksums(weights.state_dict if dtype is None else _Cast(weights.state_dict, dtype))
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(sums)  # integer sums, alike in any order: exact
         wrap(sums)
     return {name: tuple(row) for name, row in zip(names, sums.tolist(), strict=True)}
+
+
+def _host_sums_over_nccl(state_dict) -> bool:
+    """True where the checksums would lie on the host (FSDP2's CPU offload) and the all-reduce is NCCL's, which
+    takes device tensors only (alike on every rank: the offload is one config)."""
+    first = next(iter(state_dict.values()), None)
+    if first is None or first.device.type != "cpu" or not dist.is_initialized() or dist.get_world_size() == 1:
+        return False
+    return dist.get_backend() == "nccl"
 
 
 class _Cast(Mapping):

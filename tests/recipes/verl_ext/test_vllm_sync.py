@@ -266,3 +266,25 @@ def test_the_run_summary_says_time_bytes_and_checks(sync_log):
     mib = sum(t.numel() * 4 for t in hf.values()) / 2**20  # 8,520 bytes of fp32
     assert line.startswith("weight sync into vLLM (3 syncs, verl's CUDA-IPC path, weight_sync.jsonl): median ")
     assert line.endswith(" s for 0.01 MiB; checksum matched in 3 of 3") and f"{mib:.2f}" == "0.01"
+
+
+def test_weights_on_the_host_under_nccl_fall_back_to_the_stream(sync_log, monkeypatch):
+    """FSDP2's CPU offload keeps the actor's weights on the host; NCCL's all-reduce takes device tensors only, so on
+    several ranks the training side is not summed there (it would fail mid-sync) and the stream is the reference."""
+    from recipes.verl_ext.plugin import weight_sync
+
+    monkeypatch.setattr(weight_sync.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(weight_sync.dist, "get_world_size", lambda *a: 2)
+    monkeypatch.setattr(weight_sync.dist, "get_backend", lambda *a: "nccl")
+    monkeypatch.setattr(weight_sync.dist, "get_rank", lambda *a: 0)
+
+    def no_all_reduce(*args, **kwargs):
+        raise AssertionError("all_reduce of host tensors under NCCL")
+
+    monkeypatch.setattr(weight_sync.dist, "all_reduce", no_all_reduce)
+    hf = _hf_weights()
+    assert weight_sync.training_checksums(ShardedWeights(hf, fallback=iter(())), dtype=torch.bfloat16) is None
+    original, _ = _loader()
+    _sync(_Adapter(_VllmQwen2()), ShardedWeights(hf, fallback=iter(hf.items())), original)
+    check = read_sync_log(sync_log)[0]["extra"]["checksum"]
+    assert check["source"] == "verl's stream as sent" and check["match"] is True
