@@ -106,7 +106,8 @@ def loaded_checksums(model, shapes: Mapping[str, Iterable[int]]) -> dict:
     for name, shape in shapes.items():
         shape = tuple(shape)
         rows = _loaded_rows(model, tensors, parts, name)
-        if rows is not None and rows.dim() and rows.shape[0] > shape[0] and tuple(rows.shape[1:]) == shape[1:]:
+        padded = rows is not None and shape and rows.dim() and rows.shape[0] > shape[0]
+        if padded and tuple(rows.shape[1:]) == shape[1:]:
             rows = rows[: shape[0]]
         if rows is None or tuple(rows.shape) != shape:
             not_found.append(name if rows is None else f"{name} {tuple(rows.shape)} != {shape}")

@@ -288,3 +288,14 @@ def test_weights_on_the_host_under_nccl_fall_back_to_the_stream(sync_log, monkey
     _sync(_Adapter(_VllmQwen2()), ShardedWeights(hf, fallback=iter(hf.items())), original)
     check = read_sync_log(sync_log)[0]["extra"]["checksum"]
     assert check["source"] == "verl's stream as sent" and check["match"] is True
+
+
+def test_a_scalar_reads_back_and_a_shape_vllm_changed_is_named():
+    """A 0-d tensor reads back; a scalar that vLLM holds as a 1-element vector is named with both shapes, not an
+    error in the worker."""
+    model = _VllmQwen2()
+    model.register_buffer("scale", torch.tensor(2.5, dtype=torch.bfloat16))
+    model.register_buffer("shift", torch.tensor([1.5], dtype=torch.bfloat16))
+    got = vllm_sync.loaded_checksums(model, {"scale": [], "shift": []})
+    assert got["sums"] == {"scale": tensor_checksum(torch.tensor(2.5, dtype=torch.bfloat16)).tolist()}
+    assert got["not_found"] == ["shift (1,) != ()"]
