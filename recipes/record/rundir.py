@@ -70,9 +70,7 @@ def claim(path: str | os.PathLike, key: str, reuse: bool = False) -> Reservation
         return Reservation(path, ())
     if path.exists() or path.is_symlink():
         raise ConfigError(f"{key}: {path} is a file; the run folder must be a folder (a new or empty one)")
-    existing = path.parent
-    while not (existing.exists() or existing.is_symlink()):
-        existing = existing.parent
+    existing = _nearest_existing(path.parent)
     if not existing.is_dir():
         raise ConfigError(f"{key}: cannot create the run folder {path}: {existing} is a file")
     long_name = _too_long(path, existing)
@@ -135,6 +133,13 @@ def _shown(name: str, width: int = 40) -> str:
     return repr(name) if len(name) <= width else f"'{name[:width - 10]}...{name[-6:]}' ({len(name)} characters)"
 
 
+def _nearest_existing(path: Path) -> Path:
+    """``path`` or its nearest ancestor that exists (a link counts, dangling or not: it is not a folder to create)."""
+    while not (path.exists() or path.is_symlink()):
+        path = path.parent
+    return path
+
+
 def refuse_location(root: str | os.PathLike, path: str | os.PathLike, name: str) -> None:
     """ConfigError when the run folder ``path`` escapes ``root`` (``run.name=../..``), a folder name in it is longer
     than the file system takes (blaming ``run.name`` or ``run.root``, whichever holds it) or ``root`` cannot be
@@ -143,9 +148,7 @@ def refuse_location(root: str | os.PathLike, path: str | os.PathLike, name: str)
     if root_abs != path_abs and root_abs not in path_abs.parents:
         raise ConfigError(f"run.name={name}: the run folder {path_abs} is outside run.root ({root_abs}); a run "
                           "name is a folder name under run.root, without '..'")
-    existing = root_abs
-    while not existing.exists():
-        existing = existing.parent
+    existing = _nearest_existing(root_abs)
     if not existing.is_dir():
         raise ConfigError(f"run.root={root}: cannot create run folders under it: {existing} is a file")
     long_root = _too_long(root_abs, existing)
