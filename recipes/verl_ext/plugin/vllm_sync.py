@@ -42,6 +42,7 @@ from recipes.verl_ext.plugin.weight_sync import (
     SYNC_LOG_ENV,
     SyncCheckFailed,
     SyncRecord,
+    append_record,
     check_training_side,
     training_checksums,
 )
@@ -140,7 +141,7 @@ class _StreamChecksums:
     def __init__(self, weights, dtype: torch.dtype, take_sums: bool) -> None:
         self.weights, self.dtype, self.take_sums = weights, dtype, take_sums
         self.shapes: dict[str, list[int]] = {}
-        self.sums: dict[str, tuple[int, int, int]] = {}
+        self._sums: dict[str, torch.Tensor] = {}  # on the tensors' device until read: no device sync a tensor
         self.bytes = 0
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -150,8 +151,16 @@ class _StreamChecksums:
             self.shapes[name] = list(tensor.shape)
             self.bytes += tensor.numel() * tensor.element_size()
             if self.take_sums:
-                self.sums[name] = tuple(tensor_checksum(tensor.detach().to(self.dtype)).tolist())
+                self._sums[name] = tensor_checksum(tensor.detach().to(self.dtype))
             yield name, tensor
+
+    @property
+    def sums(self) -> dict[str, tuple[int, int, int]]:
+        """The checksums taken as the stream passed, brought to the host in one copy."""
+        if not self._sums:
+            return {}
+        rows = torch.stack(list(self._sums.values()))  # verl's stream yields every tensor on one device
+        return {name: tuple(row) for name, row in zip(self._sums, rows.tolist(), strict=True)}
 
 
 def _rollout_dtype(config) -> torch.dtype:
@@ -184,13 +193,6 @@ def _log_once(message: str) -> None:
     if message not in _LOGGED:
         _LOGGED.add(message)
         logger.warning("weight sync into vLLM: %s", message)
-
-
-def _append(record: SyncRecord) -> None:
-    path = envvars.getenv(SYNC_LOG_ENV)
-    if path:
-        with open(path, "a", encoding="utf-8") as log:  # one short line per write: appends do not interleave
-            log.write(record.to_json() + "\n")
 
 
 async def checked_update_weights(original, adapter, weights, global_steps=None, wire_format="named_tensors",
@@ -232,7 +234,7 @@ async def checked_update_weights(original, adapter, weights, global_steps=None, 
             entry = {"checked": f"no: {type(error).__name__}: {error}"}
         entry["check_seconds"] = round(check_seconds + time.perf_counter() - read_started, 6)
         record.extra["checksum"] = entry
-    _append(record)
+    append_record(record)
     if mismatch:
         raise SyncCheckFailed(f"weight sync into vLLM for step {global_steps}: {mismatch}")
     return result

@@ -45,6 +45,7 @@ __all__ = [
     "SyncCheckFailed",
     "SyncRecord",
     "WeightSync",
+    "append_record",
     "enable_sharded_export",
     "export_sharded",
     "open_weight_stream",
@@ -268,11 +269,16 @@ class WeightSync:
             record.planned_bytes = measured.planned.received if measured.planned is not None else None
             record.extra["peak_extra_bytes"] = measured.peak_extra_bytes
             record.extra["buckets"] = measured.buckets
-        path = envvars.getenv(SYNC_LOG_ENV)
-        if path:
-            with open(path, "a", encoding="utf-8") as log:  # one short line per write: appends do not interleave
-                log.write(record.to_json() + "\n")
+        append_record(record)
         return record
+
+
+def append_record(record: SyncRecord) -> None:
+    """Append ``record`` to ``$KLPPO_SYNC_LOG`` where it is set."""
+    path = envvars.getenv(SYNC_LOG_ENV)
+    if path:
+        with open(path, "a", encoding="utf-8") as log:  # one short line per write: appends do not interleave
+            log.write(record.to_json() + "\n")
 
 
 def open_weight_stream(
