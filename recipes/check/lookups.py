@@ -320,6 +320,29 @@ def ulysses_problems(container: dict, arch: ModelArch | None, cp: int | None) ->
     return []
 
 
+SGLANG_ATTENTION = "actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend"
+FLASHINFER_HEAD_DIMS = (64, 128, 256)
+"""The head widths flashinfer's attention kernels are compiled for (its DISPATCH_HEAD_DIM). verl 0.9.1 starts SGLang
+0.5.12 and later on flashinfer where ``engine_kwargs.sglang.attention_backend`` names none (its
+async_sglang_server.py: SGLang's FA3 default breaks CUDA-graph capture there). On one H100 (2026-12-07,
+scripts/gpu/results/2026-12-07-h100-sglang/) the tiny model's head_dim 16 stopped SGLang's start with
+"Unsupported head_dim: 16"; its triton backend ran it."""
+
+
+def sglang_attention_problems(container: dict, arch: ModelArch | None) -> list[str]:
+    """rollout=sglang on flashinfer (verl's choice when none is named) with a head width flashinfer has no kernel
+    for: SGLang's server dies capturing its CUDA graphs, after Ray and the training workers have started."""
+    if arch is None or arch.kv_lora_rank or _at(container, _ROLLOUT) != "sglang":
+        return []  # MLA models: SGLang's MLA kernels, another head-width rule
+    if _at(container, SGLANG_ATTENTION) is not None or arch.head_dim in FLASHINFER_HEAD_DIMS:
+        return []
+    widths = ", ".join(map(str, FLASHINFER_HEAD_DIMS))
+    typed = "attention_backend" in (_at(container, SGLANG_ATTENTION.rsplit(".", 1)[0]) or {})
+    return [f"{_ROLLOUT}: sglang, on flashinfer (verl 0.9.1's choice where {SGLANG_ATTENTION} is unset), has "
+            f"attention kernels for head_dim {widths}; {arch.name} has head_dim {arch.head_dim}: add "
+            f"{'' if typed else '+'}{SGLANG_ATTENTION}=triton"]
+
+
 def tokenizer_size(folder: Path) -> int | None:
     """The number of ids of the tokenizer in a local model folder (None where there is none)."""
     if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
@@ -383,7 +406,8 @@ def lookup_problems(container: dict, arch: ModelArch | None, cp: int | None,
     lora, lora_warnings = lora_problems(container, arch)
     vocab, vocab_warnings = critic_vocab_problems(container, arch, use_critic)
     problems = [*combination_problems(container, use_critic), *data_file_problems(container),
-                *resume_problems(container), *reward, *lora, *ulysses_problems(container, arch, cp), *vocab]
+                *resume_problems(container), *reward, *lora, *ulysses_problems(container, arch, cp), *vocab,
+                *sglang_attention_problems(container, arch)]
     return problems, [f"note: {n}" for n in notes] + lora_warnings + vocab_warnings
 
 
