@@ -91,6 +91,9 @@ ROLLOUT=${ROLLOUT:-hf}
 # machine_cluster: "GPU found: ... cluster=h100_80g"); CLUSTER= names one
 COMMON=(${CLUSTER:+cluster=$CLUSTER} cluster.gpus_per_node=1 parallel=tp1 rollout=$ROLLOUT model=tiny task=tiny
   kl=${KL:-adaptive})
+# SGLang's own lines (its KV cache, CUDA graphs, weight loading) at info: verl 0.9.1 starts SGLang at log_level error
+# (async_sglang_server.py) and lets engine_kwargs.sglang override it; the 2026-12-07 H100 runs had none of them
+[ "$ROLLOUT" = sglang ] && COMMON+=(+actor_rollout_ref.rollout.engine_kwargs.sglang.log_level=info)
 
 diagnose() {
   echo "##### $1 after ${DIAG_AFTER}s: ray status"; timeout 20 $PY -m ray.scripts.scripts status 2>&1 | tail -40
@@ -128,7 +131,7 @@ run() {
   end=$(date +%s.%N)
   kill $smi 2>/dev/null; cp "$WORK/$name.gpu_mem.csv" "$dir/gpu_mem.csv" 2>/dev/null
   # what the rollout engine said of its memory, its compile and its weight loading (Ray's worker logs)
-  grep -h -a -E "KV cache|Model loading took|model weights took|Memory profiling|memory profiling|CUDA graph|torch.compile|sleep mode|Sleep mode|woke up|gpu_memory_utilization|Available KV|maximum concurrency|Using .* backend|update_weights" \
+  grep -h -a -E "KV cache|KV Cache is allocated|max_total_num_tokens|Capture cuda graph end|Load weight end|Model loading took|model weights took|Memory profiling|memory profiling|CUDA graph|torch.compile|sleep mode|Sleep mode|woke up|gpu_memory_utilization|Available KV|maximum concurrency|Using .* backend|update_weights" \
     /tmp/ray/session_latest/logs/*.out /tmp/ray/session_latest/logs/*.err "$dir/verl.log" 2>/dev/null | cut -c1-400 | sort -u >"$dir/engine_lines.txt"
   [ "$rc" -eq 0 ] || FAILED=${FAILED:-$name}
   grep -v -E "^\s*$" "$WORK/$name.log" | tail -40 >>"$LOG"
