@@ -30,7 +30,6 @@ A failure of the check's own machinery (not a mismatch) is logged once and recor
 from __future__ import annotations
 
 import functools
-import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping
 
@@ -45,11 +44,11 @@ from recipes.verl_ext.plugin.weight_sync import (
     append_record,
     check_training_side,
     training_checksums,
+    warn_once,
 )
 
 __all__ = ["READBACK_METHOD", "SCHEME", "checked_update_weights", "loaded_checksums", "worker_loaded_checksums"]
 
-logger = logging.getLogger(__name__)
 
 SCHEME = "vllm_ipc"
 READBACK_METHOD = "klppo_loaded_checksums"
@@ -58,7 +57,6 @@ WHY_NOT_RESHARDER = (
     "vLLM rollout: verl's CUDA-IPC stream, each training rank to the vLLM worker on its own GPU "
     "(the resharder feeds the hf engine)"
 )
-_LOGGED: set[str] = set()
 
 
 # ---- the generation side: in the vLLM worker ---------------------------------------------------------------------
@@ -189,12 +187,6 @@ def _compare(expected: Mapping, replies: list, dtype: torch.dtype) -> tuple[dict
     return entry, mismatch
 
 
-def _log_once(message: str) -> None:
-    if message not in _LOGGED:
-        _LOGGED.add(message)
-        logger.warning("weight sync into vLLM: %s", message)
-
-
 async def checked_update_weights(original, adapter, weights, global_steps=None, wire_format="named_tensors",
                                  **kwargs):
     """verl's ``ServerAdapter.update_weights`` (``original``), timed and checked as the module docstring says; verl's
@@ -230,7 +222,7 @@ async def checked_update_weights(original, adapter, weights, global_steps=None, 
             entry, mismatch = _compare(expected or stream.sums, list(replies or []), dtype)
             entry["source"] = "training engine's parameters" if expected is not None else "verl's stream as sent"
         except Exception as error:  # noqa: BLE001  (the check's own failure is recorded, never stops a run)
-            _log_once(f"the check could not run: {type(error).__name__}: {error}")
+            warn_once(f"weight sync into vLLM: the check could not run: {type(error).__name__}: {error}")
             entry = {"checked": f"no: {type(error).__name__}: {error}"}
         entry["check_seconds"] = round(check_seconds + time.perf_counter() - read_started, 6)
         record.extra["checksum"] = entry

@@ -61,7 +61,7 @@ SYNC_LOG_ENV = envvars.SYNC_LOG
 """Path of a JSON-lines file each rank appends its :class:`SyncRecord` to after every weight sync."""
 
 _SHARDED_EXPORT = False
-_FALLBACK_LOGGED: set[str] = set()
+_WARNED: set[str] = set()
 
 
 def enable_sharded_export() -> None:
@@ -189,10 +189,16 @@ def _device_of(module) -> str:
     return "cpu"
 
 
+def warn_once(message: str) -> None:
+    """A warning the first time this process meets ``message``: a fallback or a check that cannot run repeats every
+    sync, and one line says it."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        logger.warning("%s", message)
+
+
 def _log_fallback_once(reason: str, consequence: str = "verl's own export is used (every rank receives the model)"):
-    if reason not in _FALLBACK_LOGGED:
-        _FALLBACK_LOGGED.add(reason)
-        logger.warning("weight sync: %s; %s", reason, consequence)
+    warn_once(f"weight sync: {reason}; {consequence}")
 
 
 @dataclass
