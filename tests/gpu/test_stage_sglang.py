@@ -6,29 +6,13 @@ downloaded or built (tests/scripts/test_staging.py holds the site, megatron and 
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import subprocess
-import tarfile
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-BUILD_ALL = REPO / "scripts" / "gpu" / "build_all.sh"
-STAGE_PARTS = REPO / "scripts" / "gpu" / "stage_parts.sh"
-MIB = 1024 * 1024
-
-
-def _site_xz(files: dict[str, bytes]) -> bytes:
-    """An xz tarball of a ``site/`` folder, as the pack scripts write them."""
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w:xz") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(f"site/{name}")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return raw.getvalue()
+from tests.staging import BUILD_ALL, MIB, STAGE_PARTS, site_xz
 
 
 def _in_parts(out: Path, name: str, joined: bytes, head: list[str]) -> None:
@@ -48,13 +32,13 @@ def packages(tmp_path) -> Path:
     out = tmp_path / "pkgs"
     out.mkdir()
     (out / "MANIFEST.txt").write_text("# pack.sh\nverl==0.9.1\n")
-    (out / "site.tar.xz").write_bytes(_site_xz({"verl/__init__.py": b""}))
+    (out / "site.tar.xz").write_bytes(site_xz({"verl/__init__.py": b""}))
     (out / "megatron.MANIFEST.txt").write_text("# pack_megatron.sh\nmegatron-core==0.16.1\n")
-    (out / "megatron.tar.xz").write_bytes(_site_xz({"megatron/core/__init__.py": b""}))
-    _in_parts(out, "vllm", _site_xz({"vllm/__init__.py": b"", "vllm/blob.bin": os.urandom(3 * MIB)}),
+    (out / "megatron.tar.xz").write_bytes(site_xz({"megatron/core/__init__.py": b""}))
+    _in_parts(out, "vllm", site_xz({"vllm/__init__.py": b"", "vllm/blob.bin": os.urandom(3 * MIB)}),
               ["# pack_vllm.sh", "vllm==0.24.0"])
-    sglang = _site_xz({"sglang/__init__.py": b"", "sgl_kernel.libs/libnuma.so.1": b"elf",
-                       "sgl_kernel/blob.bin": os.urandom(5 * MIB)})  # incompressible: three parts
+    sglang = site_xz({"sglang/__init__.py": b"", "sgl_kernel.libs/libnuma.so.1": b"elf",
+                      "sgl_kernel/blob.bin": os.urandom(5 * MIB)})  # incompressible: three parts
     _in_parts(out, "sglang", sglang, [
         "# scripts/gpu/pack_sglang.sh", "sglang-kernel==0.4.3", "sglang==0.5.13.post1", "removed: sgl_kernel/sm100",
         "added: sgl_kernel.libs/libnuma.so.1 from /usr/lib/x86_64-linux-gnu/libnuma.so.1 (libnuma1 2.0.16-1)",

@@ -6,29 +6,13 @@ downloaded or built: --list and --layout only."""
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import subprocess
-import tarfile
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-BUILD_ALL = REPO / "scripts" / "gpu" / "build_all.sh"
-STAGE_PARTS = REPO / "scripts" / "gpu" / "stage_parts.sh"
-MIB = 1024 * 1024
-
-
-def _site_xz(files: dict[str, bytes]) -> bytes:
-    """An xz tarball of a ``site/`` folder, as the pack scripts write them."""
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w:xz") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(f"site/{name}")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return raw.getvalue()
+from tests.staging import BUILD_ALL, MIB, STAGE_PARTS, site_xz
 
 
 @pytest.fixture
@@ -37,10 +21,10 @@ def packages(tmp_path) -> Path:
     out = tmp_path / "pkgs"
     out.mkdir()
     (out / "MANIFEST.txt").write_text("# pack.sh\nverl==0.9.1\n")
-    (out / "site.tar.xz").write_bytes(_site_xz({"verl/__init__.py": b"", "ray/__init__.py": b""}))
+    (out / "site.tar.xz").write_bytes(site_xz({"verl/__init__.py": b"", "ray/__init__.py": b""}))
     (out / "megatron.MANIFEST.txt").write_text("# pack_megatron.sh\nmegatron-core==0.16.1\n")
-    (out / "megatron.tar.xz").write_bytes(_site_xz({"megatron/core/__init__.py": b"", "mbridge/__init__.py": b""}))
-    joined = _site_xz({"vllm/__init__.py": b"", "vllm/blob.bin": os.urandom(3 * MIB)})  # incompressible: ~3 MiB
+    (out / "megatron.tar.xz").write_bytes(site_xz({"megatron/core/__init__.py": b"", "mbridge/__init__.py": b""}))
+    joined = site_xz({"vllm/__init__.py": b"", "vllm/blob.bin": os.urandom(3 * MIB)})  # incompressible: ~3 MiB
     parts = [joined[:2 * MIB], joined[2 * MIB:]]
     lines = ["# pack_vllm.sh"]
     for k, part in enumerate(parts):
