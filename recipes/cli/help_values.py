@@ -11,6 +11,7 @@ from __future__ import annotations
 from omegaconf import OmegaConf
 
 from recipes.compose.defaults import EMBEDDED_DEFAULTS, chooses_layout, has_accelerator
+from recipes.compose.overrides import chosen_keys
 
 
 def run_overrides(overrides: list[str]) -> tuple[list[str], bool]:
@@ -19,7 +20,7 @@ def run_overrides(overrides: list[str]) -> tuple[list[str], bool]:
     rest = list(overrides)
     embedded = not chooses_layout(rest) and not has_accelerator()
     if embedded:
-        chosen = {arg.split("=", 1)[0].lstrip("+~") for arg in rest if "=" in arg}
+        chosen = chosen_keys(rest)
         rest += [f"{group}={option}" for group, option in EMBEDDED_DEFAULTS.items() if group not in chosen]
     return rest, embedded
 
