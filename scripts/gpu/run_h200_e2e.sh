@@ -18,6 +18,8 @@
 #   batching    GRPO with batching=fixed, then batching=dynamic, same everything else (BATCHING_MODEL=qwen2_5_0_5b:
 #               that model instead of the tiny one); batching_fixed or batching_dynamic: that arm alone
 #   qwen05b     GRPO with model=qwen2_5_0_5b (random weights of the shipped architecture) for speed
+#   compare_vllm, compare_sglang, compare_hf   that GRPO run with one engine each (grpo_qwen05b_ENGINE); compare: vllm
+#               and hf. Run compare_sglang with ROLLOUT=sglang and compare_vllm without it: each engine's site
 #
 # Needs one CUDA GPU, torch and transformers. Where Ray, verl and the rest are missing (a GPU machine without
 # internet), scripts/gpu/pack.sh builds them on a CPU machine into .gpu-packages/site.tar.xz; copy it beside the checkout and
@@ -176,9 +178,10 @@ for mode in fixed dynamic; do
       batching=$mode trainer.save_freq=-1
   fi
 done
-# the 0.5B shape with ROLLOUT (default vllm here) and with hf, same everything else: generation against the stand-in
-for engine in vllm hf; do
-  if has compare || has compare_$engine; then
+# the 0.5B shape with each engine, same everything else (runs grpo_qwen05b_ENGINE): compare = vllm and hf; compare_sglang
+# alone, with ROLLOUT=sglang (SGLang's site on the path instead of vLLM's), beside compare_vllm in a second invocation
+for engine in vllm sglang hf; do
+  if { [ "$engine" != sglang ] && has compare; } || has compare_$engine; then
     # shellcheck disable=SC2046
     run grpo_qwen05b_$engine grpo $(base | sed "s#model=tiny#$(model_args qwen2_5_0_5b)#; s#rollout=[a-z]*#rollout=$engine#") \
       trainer.save_freq=-1 ${QWEN_ARGS:-}
