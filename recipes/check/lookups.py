@@ -320,7 +320,8 @@ def ulysses_problems(container: dict, arch: ModelArch | None, cp: int | None) ->
     return []
 
 
-SGLANG_ATTENTION = "actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend"
+SGLANG_KWARGS = "actor_rollout_ref.rollout.engine_kwargs.sglang"
+SGLANG_ATTENTION = f"{SGLANG_KWARGS}.attention_backend"
 FLASHINFER_HEAD_DIMS = (64, 128, 256)
 """The head widths flashinfer's attention kernels are compiled for (its DISPATCH_HEAD_DIM). verl 0.9.1 starts SGLang
 0.5.12 and later on flashinfer where ``engine_kwargs.sglang.attention_backend`` names none (its
@@ -334,10 +335,11 @@ def sglang_attention_problems(container: dict, arch: ModelArch | None) -> list[s
     for: SGLang's server dies capturing its CUDA graphs, after Ray and the training workers have started."""
     if arch is None or arch.kv_lora_rank or _at(container, _ROLLOUT) != "sglang":
         return []  # MLA models: SGLang's MLA kernels, another head-width rule
-    if _at(container, SGLANG_ATTENTION) is not None or arch.head_dim in FLASHINFER_HEAD_DIMS:
+    sglang_kwargs = _at(container, SGLANG_KWARGS) or {}
+    if sglang_kwargs.get("attention_backend") is not None or arch.head_dim in FLASHINFER_HEAD_DIMS:
         return []
     widths = ", ".join(map(str, FLASHINFER_HEAD_DIMS))
-    typed = "attention_backend" in (_at(container, SGLANG_ATTENTION.rsplit(".", 1)[0]) or {})
+    typed = "attention_backend" in sglang_kwargs  # set to null: the key is there, so no '+'
     return [f"{_ROLLOUT}: sglang, on flashinfer (verl 0.9.1's choice where {SGLANG_ATTENTION} is unset), has "
             f"attention kernels for head_dim {widths}; {arch.name} has head_dim {arch.head_dim}: add "
             f"{'' if typed else '+'}{SGLANG_ATTENTION}=triton"]
