@@ -28,8 +28,8 @@ MARKER = "Training Progress:"
 """What verl's trainer prints when its step loop starts (its tqdm bar, in verl.log)."""
 
 
-def descendants(root: int) -> list[int]:
-    """``root`` and every process below it, from /proc (parents before children)."""
+def descendants(root: int) -> list[tuple[int, int]]:
+    """``(pid, parent)`` of ``root`` and every process below it, from /proc (parents before children)."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -40,10 +40,11 @@ def descendants(root: int) -> list[int]:
             continue  # gone while read
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
         children.setdefault(ppid, []).append(int(entry.name))
+    parent = {pid: ppid for ppid, pids in children.items() for pid in pids}
     out, todo = [], [root]
     while todo:
         pid = todo.pop(0)
-        out.append(pid)
+        out.append((pid, parent.get(pid, -1)))
         todo.extend(sorted(children.get(pid, [])))
     return out
 
@@ -53,13 +54,6 @@ def command_line(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
         return "(gone)"
-
-
-def parent_of(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except OSError:
-        return -1
 
 
 def wait_for_marker(log: Path, proc: subprocess.Popen, timeout_s: float) -> float | None:
@@ -75,8 +69,8 @@ def wait_for_marker(log: Path, proc: subprocess.Popen, timeout_s: float) -> floa
 def dump_all(py_spy: str, root: int, out: Path) -> None:
     """Every process under ``root``, its stack (py-spy dump; a process py-spy cannot read says so) into ``out``."""
     with out.open("w") as f:
-        for pid in descendants(root):
-            f.write(f"===== pid {pid} (parent {parent_of(pid)}): {command_line(pid)[:300]}\n")
+        for pid, parent in descendants(root):
+            f.write(f"===== pid {pid} (parent {parent}): {command_line(pid)[:300]}\n")
             result = subprocess.run([py_spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30,
                                     check=False)
             f.write((result.stdout or result.stderr).strip() + "\n\n")
@@ -122,8 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         proc.wait()
         return 3
     with (args.out / "processes.txt").open("w") as f:
-        for pid in descendants(proc.pid):
-            f.write(f"{pid} {parent_of(pid)} {command_line(pid)[:300]}\n")
+        for pid, parent in descendants(proc.pid):
+            f.write(f"{pid} {parent} {command_line(pid)[:300]}\n")
     for offset in offsets:
         time.sleep(max(0.0, seen + offset - time.monotonic()))
         if proc.poll() is not None:
