@@ -83,7 +83,7 @@ from recipes.run import gc_threshold
 from recipes.run.finalize import finalize
 from recipes.run.interrupt import Interrupted, exits_on_ctrl_c
 from recipes.run.resume import plan_resume
-from recipes.verl_ext.verl_tree import changed_defaults_lines, is_verl_script
+from recipes.verl_ext.verl_tree import changed_defaults_lines, fallback_lines, is_verl_script
 
 ACTIONS = ("validate", "plan", "train")
 BEFORE_RUN = "interrupted before the run started: nothing was written and nothing is left running"
@@ -449,6 +449,8 @@ def perform(run: ValidatedRun) -> None:
     typed = hydra_overrides() or []
     if is_verl_script(typed):  # a pasted verl script: what its unset keys get here that verl would not give them
         for line in changed_defaults_lines(final.cfg, typed, () if run.use_critic else ("critic",)):
+            print(line, file=sys.stderr)
+        for line in fallback_lines(final.cfg):
             print(line, file=sys.stderr)
     run_dir.mkdir(parents=True, exist_ok=True)
     record_dir = Path(str(run.cfg.run.record_dir)) if run.cfg.run.get("record_dir") else run_dir

@@ -419,6 +419,10 @@ class Run(_Checked):
     verbose: bool = False
     """show verl's and Ray's own output on the terminal while training (it always goes to the run folder's
     verl.log)"""
+    flash_attn_fallbacks: bool = True
+    """on a GPU machine without flash-attn: the plugin's padding-free attention, chunked log-probs and value-model
+    attention in place of verl's flash-attn paths; false: verl's own code (``KLPPO_FLASH_ATTN_FALLBACKS=0`` in every
+    worker)"""
     resume: str | None = None
     """a run folder to continue in place (its last complete checkpoint, same step numbering, metrics appended);
     None: a new run folder"""

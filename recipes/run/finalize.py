@@ -66,6 +66,8 @@ def run_env(cfg: DictConfig, run_dir: Path, environ: Mapping[str, str]) -> dict[
     }
     if "wandb" in loggers(cfg) and not environ.get("WANDB_API_KEY"):
         env["WANDB_MODE"] = "offline"
+    if OmegaConf.select(cfg, "run.flash_attn_fallbacks") is False:  # verl's own code where flash-attn is missing
+        env[envvars.FLASH_ATTN_FALLBACKS] = "0"
     return env
 
 

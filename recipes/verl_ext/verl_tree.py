@@ -9,6 +9,7 @@ verl's value back. The launcher prints that list once, on stderr, when the comma
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import re
 from collections.abc import Iterator, Sequence
@@ -27,6 +28,9 @@ SCRIPT_SECTIONS = ("actor_rollout_ref", "critic", "algorithm", "data", "reward",
                    "custom_reward_function")
 # the pack's strategies that are verl's engine switch (recipes/compose/compose.py ENGINE_STRATEGIES, the other way)
 STRATEGY_ENGINE = {"megatron": "megatron", "veomni": "veomni"}
+# values verl's code takes where its config has no key, which the pack's config sets: key -> verl's value
+# (verl/trainer/ppo/v1/replay_buffer.py: ReplayBuffer's poll_interval=2.0; the plugin reads the key, patches.py)
+CODE_DEFAULTS = {"trainer.v1.sampler.sampler_kwargs.poll_interval": 2.0}
 
 
 @contextmanager
@@ -58,8 +62,9 @@ def compose_verl(overrides: Sequence[str]) -> DictConfig:
 
 
 def verl_overrides(overrides: Sequence[str]) -> list[str]:
-    """The overrides verl's own command line would take: its keys, and ``strategy=megatron|veomni`` as its engine
-    switch (the pack adopted ``model_engine=`` into ``strategy=``)."""
+    """The overrides verl's own command line would take: its keys (not the pack's keys for values verl's code fixes,
+    :data:`CODE_DEFAULTS`), and ``strategy=megatron|veomni`` as its engine switch (the pack adopted ``model_engine=``
+    into ``strategy=``)."""
     top = verl_top_keys()
     out = []
     for arg in overrides:
@@ -68,7 +73,7 @@ def verl_overrides(overrides: Sequence[str]) -> list[str]:
             continue
         if key == "strategy" and override_value(arg) in STRATEGY_ENGINE:
             out.append(f"model_engine={STRATEGY_ENGINE[override_value(arg)]}")
-        elif key.split(".", 1)[0] in top:
+        elif key.split(".", 1)[0] in top and key not in CODE_DEFAULTS:  # verl's config has no key for those
             out.append(arg)
     return out
 
@@ -100,7 +105,8 @@ def changed_defaults(resolved: DictConfig, overrides: Sequence[str],
     """(key, the run's value, verl's value) for each verl key the command line does not set whose value in
     ``resolved`` (the config verl's trainer receives) differs from verl's own composition of its keys; keys verl
     interpolates from another key, and keys under an ``unused`` section (``critic`` where verl starts no critic),
-    are left out."""
+    are left out. Where verl's config has no key for a value its code fixes (:data:`CODE_DEFAULTS`), that value is
+    verl's."""
     verl_args = verl_overrides(overrides)
     typed = {override_key(arg) for arg in verl_args}
     ours = dict(_leaves(OmegaConf.to_container(resolved, resolve=True)))
@@ -108,7 +114,9 @@ def changed_defaults(resolved: DictConfig, overrides: Sequence[str],
     # a key verl interpolates from another (rollout.n -> actor.rollout_n) follows it: its source's line covers it
     follows = {key for key, raw in _leaves(OmegaConf.to_container(composed, resolve=False))
                if isinstance(raw, str) and _ONE_INTERPOLATION.fullmatch(raw)}
-    return [(key, ours[key], value) for key, value in _leaves(OmegaConf.to_container(composed, resolve=True))
+    theirs = dict(_leaves(OmegaConf.to_container(composed, resolve=True)))
+    theirs.update({key: value for key, value in CODE_DEFAULTS.items() if key not in theirs})
+    return [(key, ours[key], value) for key, value in theirs.items()
             if key in ours and key not in typed and key not in follows and key.split(".", 1)[0] not in unused
             and not _same(ours[key], value)]
 
@@ -160,3 +168,14 @@ def changed_defaults_lines(resolved: DictConfig, overrides: Sequence[str], unuse
             "override restores verl's value):")
     return [head, *(f"  {', '.join(keys)}: {hydra_value(ours)} (verl: {hydra_value(theirs)})  ->  {restore}"
                     for keys, ours, theirs, restore in rows.values())]
+
+
+def fallback_lines(cfg: DictConfig) -> list[str]:
+    """The note for a pasted script that will train on GPUs where flash-attn is not installed (as in this process):
+    the plugin stands in for verl's flash-attn paths there (``run.flash_attn_fallbacks``); [] elsewhere."""
+    on_cpu = "cpu" in (OmegaConf.select(cfg, "cluster.gpu.name"), OmegaConf.select(cfg, "trainer.device"))
+    if on_cpu or OmegaConf.select(cfg, "run.flash_attn_fallbacks") is False or importlib.util.find_spec("flash_attn"):
+        return []
+    return ["note: flash-attn is not installed here: on the GPUs the plugin runs padding-free attention and chunked "
+            "log-probs where verl's code needs flash-attn or loops over rows; run.flash_attn_fallbacks=false keeps "
+            "verl's code"]

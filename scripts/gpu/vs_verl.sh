@@ -130,9 +130,11 @@ HOST_GIB=${HOST_GIB:-$(awk '/MemTotal/ {printf "%d", $2 / 1048576}' /proc/meminf
 FIT_7B=(offload=full strategy=fsdp +actor_rollout_ref.actor.optim.override_optimizer_config.foreach=false
   cluster.host_memory_gib=$HOST_GIB)
 
-# portverl: the port plus the overrides its start-up note prints to restore verl's values of the keys the example leaves
-# unset (the checkpoint folder aside, which no step uses): verl's run through the pack's launcher and plugin
-VERL_VALUES=(strategy=fsdp actor_rollout_ref.rollout.cudagraph_capture_sizes=null trainer.v1.trainer_mode=sync)
+# portverl: the port plus the overrides its start-up notes print to restore verl's values of the keys the example
+# leaves unset (the checkpoint folder aside, which no step uses) and verl's own code where flash-attn is missing: verl's
+# run through the pack's launcher (the plugin's sync check and early workers stay)
+VERL_VALUES=(strategy=fsdp actor_rollout_ref.rollout.cudagraph_capture_sizes=null trainer.v1.trainer_mode=sync
+  trainer.v1.sampler.sampler_kwargs.poll_interval=2.0 run.flash_attn_fallbacks=false)
 
 if [ -n "${CHECK:-}" ]; then
   case $ARM in

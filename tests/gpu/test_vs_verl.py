@@ -132,10 +132,14 @@ def test_each_arm_composes_as_the_gpu_machine_runs_it(tmp_path):
     port = _check("port", "NVIDIA H200", tmp_path)
     assert port.returncode == 0, port.stderr[-2000:]
     assert "x1 replicas on 1x1 h200_141g, model qwen2_5_1_5b" in port.stdout + port.stderr
+    # the port is told of verl's 2-s poll and of the plugin's stand-ins for flash-attn, which portverl then types
+    assert "poll_interval: 0.1 (verl: 2.0)" in port.stderr and "run.flash_attn_fallbacks=false" in port.stderr
     # verl's run through the launcher: the port with the overrides its note prints; only the checkpoint folder differs
     portverl = _check("portverl", "NVIDIA H200", tmp_path)
     assert portverl.returncode == 0, portverl.stderr[-2000:]
     assert "note: 1 of verl's defaults differ in this run" in portverl.stderr
+    assert "flash-attn is not installed here" not in portverl.stderr  # verl's own code, no fallbacks
+    assert "KLPPO_FLASH_ATTN_FALLBACKS: '0'" in (tmp_path / "work" / "check" / "portverl" / "resolved_config.yaml").read_text()
     assert "config OK: fsdp train dp1 tp1 pp1 cp1 ep1" in portverl.stdout
 
 

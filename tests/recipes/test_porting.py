@@ -5,6 +5,8 @@ example script by tests/recipes/test_verl_examples.py)."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 from omegaconf import OmegaConf
 
@@ -95,3 +97,39 @@ def test_the_readme_sample_of_the_note_is_what_its_command_prints(tmp_path, monk
     keys = [key for row in rows if row.startswith("  ") and "  ->  " in row
             for key in row.strip().split(": ", 1)[0].split(", ")]
     assert head.split()[1] == str(len(keys))  # the count is of keys (keys one override restores share a row)
+
+
+POLL_LINE = ("  trainer.v1.sampler.sampler_kwargs.poll_interval: 0.1 (verl: 2.0)  ->  "
+             "trainer.v1.sampler.sampler_kwargs.poll_interval=2.0")
+FALLBACK_NOTE = "run.flash_attn_fallbacks=false keeps verl's code"
+
+
+@pytest.mark.slow  # two child processes
+@pytest.mark.skipif(importlib.util.find_spec("flash_attn") is not None, reason="the note is for machines without it")
+def test_a_port_is_told_what_verls_code_would_do_and_gets_it_when_typed(tmp_path, recipe_cli):
+    """Two differences from verl's run that no verl key shows: verl's replay buffer waits 2 s between polls for
+    finished rollouts (a constant of its code; the recipes set 0.1 s on GPUs), and on a GPU without flash-attn the
+    plugin stands in for verl's flash-attn code. A pasted script is told of both, each with the override that gives
+    verl's; with both typed, neither is said, and every Ray worker gets KLPPO_FLASH_ATTN_FALLBACKS=0."""
+    port = ["algorithm.adv_estimator=grpo", "cluster=h100_80g", "action=validate"]
+    told = recipe_cli("grpo", *port, cwd=tmp_path)
+    assert told.returncode == 0, told.stderr[-2000:]
+    assert POLL_LINE in told.stderr.splitlines() and FALLBACK_NOTE in told.stderr
+    (tmp_path / "as_verl").mkdir()
+    typed = recipe_cli("grpo", *port, "trainer.v1.sampler.sampler_kwargs.poll_interval=2.0",
+                       "run.flash_attn_fallbacks=false", cwd=tmp_path / "as_verl")
+    assert typed.returncode == 0, typed.stderr[-2000:]
+    assert "poll_interval" not in typed.stderr and "flash-attn" not in typed.stderr
+    (saved,) = (tmp_path / "as_verl" / "runs" / "grpo").glob("*/resolved_config.yaml")
+    workers = OmegaConf.load(saved).ray_kwargs.ray_init.runtime_env.env_vars
+    assert workers.KLPPO_FLASH_ATTN_FALLBACKS == "0"
+    assert "KLPPO_FLASH_ATTN_FALLBACKS" not in (next((tmp_path / "runs" / "grpo").glob("*/resolved_config.yaml"))
+                                                .read_text())
+
+
+def test_the_demo_on_this_cpu_is_not_told_of_flash_attn(tmp_path, monkeypatch, capsys):
+    """The CPU run takes the plugin's CPU platform, where the flash-attn fallbacks do not apply: no such note."""
+    monkeypatch.chdir(tmp_path)
+    run_recipe("grpo", ["algorithm.adv_estimator=grpo", "action=validate"])
+    err = capsys.readouterr().err
+    assert "of verl's defaults differ" in err and "flash-attn" not in err

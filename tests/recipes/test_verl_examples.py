@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import inspect
 import json
 import re
 import sys
@@ -236,7 +237,18 @@ def _differs_from_verl(overrides: list[str], saved) -> dict[str, tuple]:
         numbers = {type(ours[key]), type(value)} <= {int, float}
         if ours[key] != value or (type(ours[key]) is not type(value) and not numbers):
             out[key] = (ours[key], value)
+    # a value verl's code fixes where its config has no key: the replay buffer's poll interval, its signature's default
+    poll_key, poll = "trainer.v1.sampler.sampler_kwargs.poll_interval", _verl_poll_interval()
+    if poll_key not in typed and poll_key in ours and ours[poll_key] != poll:
+        out[poll_key] = (ours[poll_key], poll)
     return out
+
+
+@functools.cache
+def _verl_poll_interval() -> float:
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer  # lazy: verl's trainer stack
+
+    return inspect.signature(ReplayBuffer.__init__).parameters["poll_interval"].default
 
 
 def _noted_keys(stderr: str) -> dict[str, tuple]:

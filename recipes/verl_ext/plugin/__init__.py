@@ -14,6 +14,7 @@ verl imports this package in every process that imports verl (entry-point group 
    nothing of this happens; there, only where the flash-attn package is missing, models take ``pack_varlen``
    attention and the critic's value model its config's attention instead of verl's hard-coded flash_attention_2,
    and log-probs a chunked fp32 function instead of verl's row loop (:func:`.patches.apply_flash_attn_fallbacks`).
+   ``run.flash_attn_fallbacks=false`` (``KLPPO_FLASH_ATTN_FALLBACKS=0``) keeps verl's own code there instead.
    On every machine the v1 replay buffer takes its poll interval from ``trainer.v1.sampler.sampler_kwargs``, and
    where TransformerEngine is missing ``strategy=megatron`` runs Megatron's local layer spec
    (:func:`.megatron_no_te.apply_no_te_patches`).
@@ -31,6 +32,7 @@ import os
 
 from verl.plugin.platform import PlatformRegistry
 
+from recipes import envvars
 from recipes.verl_ext.plugin import megatron_no_te, patches
 from recipes.verl_ext.plugin.patches import (
     SUPPORTED_VERL,
@@ -59,6 +61,12 @@ def _load_hf_replica():
     return HFReplica
 
 
+def fallbacks_wanted() -> bool:
+    """False where the run asked for verl's own code without flash-attn (``KLPPO_FLASH_ATTN_FALLBACKS=0``, set by
+    ``run.flash_attn_fallbacks=false``); true otherwise."""
+    return not envvars.is_off(envvars.FLASH_ATTN_FALLBACKS)
+
+
 def install() -> None:
     """Register the ``hf`` rollout everywhere and, where the CPU platform is wanted, the CPU platform and patches."""
     try:
@@ -77,8 +85,10 @@ def install() -> None:
     )
 
     if not cpu_platform_wanted():
-        # a GPU machine: verl's CUDA platform as it is; only what flash-attn's absence would break (the critic)
-        patches.apply_flash_attn_fallbacks()
+        # a GPU machine: verl's CUDA platform as it is; what flash-attn's absence would break or slow, unless the run
+        # asks for verl's own code (run.flash_attn_fallbacks=false)
+        if fallbacks_wanted():
+            patches.apply_flash_attn_fallbacks()
         return
     if PlatformRegistry.get(PLATFORM_NAME) is not PlatformCPU:
         PlatformRegistry.register(platform=PLATFORM_NAME)(PlatformCPU)

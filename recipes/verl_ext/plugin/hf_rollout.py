@@ -65,7 +65,7 @@ SYNC_WEIGHTS_ENV = envvars.SYNC_WEIGHTS
 
 def weight_sync_enabled() -> bool:
     """False when ``KLPPO_SYNC_WEIGHTS`` is ``0``/``false``/``no``/``off``; true otherwise."""
-    return envvars.getenv(SYNC_WEIGHTS_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return not envvars.is_off(SYNC_WEIGHTS_ENV)
 
 
 def server_name(replica_rank: int) -> str:

@@ -134,6 +134,33 @@ def test_simulated_cuda_build_with_flash_attn_import_changes_nothing(tmp_path):
 
 
 @pytest.mark.slow
+def test_simulated_cuda_build_without_flash_attn_keeps_verls_code_when_the_run_asks(tmp_path):
+    """run.flash_attn_fallbacks=false reaches every worker as KLPPO_FLASH_ATTN_FALLBACKS=0: there, without flash-attn,
+    verl keeps its own log-prob function, model config and value-model loader (the port measured as verl's run).
+
+    Simulated: CPU torch reports torch.version.cuda "12.4", no flash_attn. Real: verl, transformers, the plugin."""
+    probe = textwrap.dedent(
+        """
+        import os, importlib.util, torch
+        torch.version.cuda = "12.4"          # what a CUDA build reports
+        os.environ.pop("VERL_PLATFORM", None)
+        assert importlib.util.find_spec("flash_attn") is None
+        import verl
+        import verl.utils.model as model
+        import verl.utils.torch_functional as verl_F
+        from verl.workers.config.model import HFModelConfig
+        assert verl_F.logprobs_from_logits.__module__ == "verl.utils.torch_functional"
+        assert not hasattr(HFModelConfig.__post_init__, "_hybrid_engine_varlen")
+        assert not hasattr(model.load_valuehead_model, "_hybrid_engine_sdpa")
+        print("OK")
+        """
+    )
+    env = {**_cuda_build_probe(flash_attn=False, tmp_path=tmp_path), "KLPPO_FLASH_ATTN_FALLBACKS": "0"}
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]
+
+
+@pytest.mark.slow
 def test_simulated_cuda_build_without_flash_attn_loads_the_critic_with_sdpa(assets, tmp_path):
     """The KL-PPO critic on a GPU machine without flash-attn (seen on an H200, 2026-12-01): verl 0.9.1 loads the value
     model with a hard-coded flash_attention_2, then falls back to trl's value head and fails ("please install trl").
