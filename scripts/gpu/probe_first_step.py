@@ -66,13 +66,14 @@ def wait_for_marker(log: Path, proc: subprocess.Popen, timeout_s: float) -> floa
     return None
 
 
-def dump_all(py_spy: str, root: int, out: Path) -> None:
-    """Every process under ``root``, its stack (py-spy dump; a process py-spy cannot read says so) into ``out``."""
+def dump_all(py_spy: str, root: int, out: Path, nonblocking: bool = False) -> None:
+    """Every process under ``root``, its stack (py-spy dump; a process py-spy cannot read says so) into ``out``;
+    ``nonblocking``: read each without pausing it (py-spy's --nonblocking), for a run that is also timed."""
     with out.open("w") as f:
         for pid, parent in descendants(root):
             f.write(f"===== pid {pid} (parent {parent}): {command_line(pid)[:300]}\n")
-            result = subprocess.run([py_spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30,
-                                    check=False)
+            command = [py_spy, "dump", "--pid", str(pid), *(["--nonblocking"] if nonblocking else [])]
+            result = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
             f.write((result.stdout or result.stderr).strip() + "\n\n")
 
 
@@ -93,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--after", default="5,12,20", help="seconds after the marker, comma-separated")
     parser.add_argument("--timeout", type=float, default=600, help="seconds to wait for the marker")
+    parser.add_argument("--nonblocking", action="store_true",
+                        help="py-spy reads each process without pausing it (the run is also timed)")
     spy = parser.add_mutually_exclusive_group(required=True)
     spy.add_argument("--py-spy", help="the py-spy binary")
     spy.add_argument("--py-spy-wheel", type=Path, help="a py-spy wheel; its binary is unpacked into OUT")
@@ -123,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         if proc.poll() is not None:
             break
         stacks = args.out / f"stacks_t{offset:g}s.txt"
-        dump_all(binary, proc.pid, stacks)
+        dump_all(binary, proc.pid, stacks, args.nonblocking)
         print(f"probe: stacks {offset:g} s after the marker: {stacks}", file=sys.stderr)
     return proc.wait()
 

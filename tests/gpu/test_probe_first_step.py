@@ -28,7 +28,7 @@ child.kill()
 sys.exit(7)
 """
 
-SPY = "#!/bin/sh\n# py-spy dump --pid PID\necho \"stack of $3\"\n"
+SPY = "#!/bin/sh\n# py-spy dump --pid PID [--nonblocking]\necho \"stack of $3 $4\"\n"
 
 
 def _stub_spy(folder: Path) -> Path:
@@ -61,6 +61,15 @@ def test_every_process_of_the_run_is_sampled_at_each_offset_after_the_marker(tmp
     listed = [line.split()[0] for line in (out / "processes.txt").read_text().splitlines()]
     assert len(listed) == 2 and listed[1] == child
     assert "probe: stacks 1 s after the marker" in proc.stderr
+
+
+@pytest.mark.slow
+def test_nonblocking_reads_each_process_without_pausing_it(tmp_path):
+    """--nonblocking, for a run that is also timed: py-spy reads the stacks without stopping the processes."""
+    proc, run, out = _probe(tmp_path, "--nonblocking", "--py-spy", str(_stub_spy(tmp_path)), after="1")
+    assert proc.returncode == 7, proc.stderr
+    text = (out / "stacks_t1s.txt").read_text()
+    assert f"stack of {(run / 'child.pid').read_text()} --nonblocking" in text
 
 
 @pytest.mark.slow
