@@ -1,7 +1,10 @@
-"""The named Ray actors the driver starts early for verl (``early_reward``, ``early_agent_loop``): finding them and
-ending those verl's managers do not take."""
+"""The named Ray actors the driver starts early for verl (``early_reward``, ``early_agent_loop``, ``early_router``):
+finding them, ending those verl's managers do not take, and the import they run ahead of verl's first request."""
 
 from __future__ import annotations
+
+import threading
+import time
 
 
 def named_with(prefix: str) -> list[str]:
@@ -20,3 +23,31 @@ def end(names: list[str]) -> None:
             ray.kill(ray.get_actor(name))
         except ValueError:  # gone meanwhile
             pass
+
+
+class WarmImport:
+    """The module of a rollout engine's replica and server classes (verl's ``RolloutReplicaRegistry``), imported in a
+    thread of this process: a process that later unpickles a handle to one of the engine's servers (Ray loads the
+    actor's class for it) then finds the module loaded. :meth:`wait` before this process imports anything else, so
+    that two threads never import at once."""
+
+    def __init__(self, rollout: str) -> None:
+        self._said = ""
+        self._thread = threading.Thread(target=self._run, args=(rollout,), name="klppo-warm-import", daemon=True)
+        self._thread.start()
+
+    def _run(self, rollout: str) -> None:
+        begun = time.perf_counter()
+        try:
+            from verl.workers.rollout.replica import RolloutReplicaRegistry  # lazy: the point is to import it here
+
+            module = RolloutReplicaRegistry.get(rollout).__module__
+        except Exception as error:  # noqa: BLE001 - the first handle then loads it, as without this
+            self._said = f"{rollout}'s server module not imported ahead: {error}"
+        else:
+            self._said = f"{module} imported ahead in {time.perf_counter() - begun:.1f} s"
+
+    def wait(self) -> str:
+        """What the import did (the module and its seconds, or why not), once it is done."""
+        self._thread.join()
+        return self._said

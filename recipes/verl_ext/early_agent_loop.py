@@ -6,7 +6,8 @@ built everything else: each is a fresh Ray worker that imports torch, transforme
 first step waits and the other core idles. Its arguments (the LLM client, the reward-loop handles) exist only then,
 so the early start cannot build the worker itself. :func:`start` starts, from the driver's early-start thread
 (:mod:`recipes.verl_ext.early_start`), one :class:`AgentLoopWorkerTQ` shell per worker: a Ray actor whose
-``__init__`` only imports verl's agent loop. The patched ``_init_agent_loop_workers`` (:func:`adopt`, installed by
+``__init__`` only imports verl's agent loop, and in a thread the rollout engine's server module (for vLLM and
+SGLang: the first server handle the router hands the worker would load it, 2-5 s before the first request). The patched ``_init_agent_loop_workers`` (:func:`adopt`, installed by
 ``recipes.verl_ext.plugin.patches``) hands each shell the manager's own arguments (:meth:`AgentLoopWorkerTQ.build`
 builds verl's worker with them, on the actor's event-loop thread, where Ray runs an async actor's ``__init__``) and
 takes the shells as its workers; ``generate_sequences``, the one method verl calls on them, is the worker's.
@@ -33,17 +34,21 @@ class AgentLoopWorkerTQ:
     """A Ray worker that holds verl's ``AgentLoopWorkerTQ`` once :meth:`build` has made it (the class keeps verl's
     name: Ray's log prefix and process title stay ``AgentLoopWorkerTQ``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, rollout: str | None = None) -> None:
         # lazy: these imports are the point of the early start: they run while verl builds its actor workers
         import verl.trainer.ppo.v1.agent_loop_tq  # noqa: F401
 
         self._worker = None
+        # the first server handle the router hands this worker loads the engine's server class: imported ahead
+        self._warm = early_actors.WarmImport(rollout) if rollout else None
 
     def build(self, *args: Any, **kwargs: Any) -> None:
         """verl's worker, made with the manager's arguments (a sync method of an async actor: Ray runs it on the
-        event-loop thread, as it runs the actor's ``__init__``)."""
+        event-loop thread, as it runs the actor's ``__init__``), once the engine's module is imported."""
         from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ  # lazy: imported by __init__ already
 
+        if self._warm is not None:
+            self._warm.wait()
         self._worker = AgentLoopWorkerTQ.__ray_actor_class__(*args, **kwargs)
 
     async def generate_sequences(self, batch: Any) -> Any:
@@ -72,8 +77,10 @@ def start(config) -> list:
 
     node_id = ray.get_runtime_context().get_node_id()
     shell = ray.remote(AgentLoopWorkerTQ)
+    rollout = str(config.actor_rollout_ref.rollout.name)
+    warm = None if rollout == "hf" else rollout  # the pack's hf server class is light to load
     return [shell.options(name=name, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=True))
-            .remote() for name in worker_names(config)]
+            .remote(warm) for name in worker_names(config)]
 
 
 async def adopt(manager) -> list | None:

@@ -45,16 +45,19 @@ class EarlyStart:
 
 def start_early(config, started: list) -> None:
     """TransferQueue, then the hf rollout's servers (they start while verl's task runner builds its workers), then
-    verl's reward-loop workers (recipes/verl_ext/early_reward.py) and the agent-loop workers' processes
-    (recipes/verl_ext/early_agent_loop.py); the handles go into ``started``."""
+    verl's reward-loop workers (recipes/verl_ext/early_reward.py), the agent-loop workers' processes
+    (recipes/verl_ext/early_agent_loop.py) and the request router (recipes/verl_ext/early_router.py); the handles
+    go into ``started``."""
     begun = time.perf_counter()
     tq_ok = start_transfer_queue(config.transfer_queue)
     servers = _started("the hf rollout's servers", "verl's replicas start them", _hf_servers, config, started)
     rewarders = _started("the reward-loop workers", "verl starts them", _reward_workers, config, started)
     agents = _started("the agent-loop workers", "verl starts them", _agent_loop_workers, config, started)
+    routers = _started("the request router", "verl starts it", _router, config, started)
     print(f"{MARKER}: TransferQueue {'up' if tq_ok else 'left to the task runner'} after "
           f"{time.perf_counter() - begun:.1f} s; hf rollout servers started: {len(servers)}; reward-loop workers "
-          f"started: {len(rewarders)}; agent-loop workers started: {len(agents)}", flush=True)
+          f"started: {len(rewarders)}; agent-loop workers started: {len(agents)}; request router started: "
+          f"{len(routers)}", flush=True)
 
 
 def _started(what: str, otherwise: str, start, config, started: list) -> list:
@@ -82,6 +85,12 @@ def _reward_workers(config) -> list:
 
 def _agent_loop_workers(config) -> list:
     from recipes.verl_ext.early_agent_loop import start  # lazy: for training only
+
+    return start(config)
+
+
+def _router(config) -> list:
+    from recipes.verl_ext.early_router import start  # lazy: for training only
 
     return start(config)
 

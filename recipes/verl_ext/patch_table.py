@@ -163,6 +163,12 @@ PATCHES: tuple[Patch, ...] = (
           "the request load balancer's Ray worker then builds it without importing verl and torch (4-5 CPU-s on 2 "
           "cores while the agent-loop workers start); the module is plain Python over ray, random and cachetools",
           VERL),
+    Patch(_PATCHES, "verl.workers.rollout.router.get_router_handle",
+          "wrapped: returns the request router the driver started early (recipes/verl_ext/early_router.py), the "
+          "servers added with its add_servers, for verl's default routing; else builds verl's own",
+          "verl builds the router just before step 1, and unpickling the servers' handles loads the engine's "
+          "server module in the router's fresh process (about 20 s for vLLM on an H100 machine) while the first "
+          "requests wait; verl has no hook to hand in a router", VERL),
     Patch(_PATCHES, "verl.experimental.reward_loop.reward_loop.RewardLoopManager._init_reward_loop_workers",
           "wrapped: takes the reward-loop workers the driver started early (recipes/verl_ext/early_reward.py), "
           "else starts verl's own",

@@ -71,7 +71,8 @@ def test_transfer_queue_and_the_rollout_server_start_while_verl_starts(demo):
     early = [line for line in log.splitlines() if line.startswith("early start:")]
     assert early and "TransferQueue up after" in early[0]
     assert early[0].endswith(
-        "hf rollout servers started: 1; reward-loop workers started: 1; agent-loop workers started: 1"), early[0]
+        "hf rollout servers started: 1; reward-loop workers started: 1; agent-loop workers started: 1; "
+        "request router started: 0"), early[0]  # the hf server's class is the pack's, light: no early router
     assert "replica 0 takes the server hf_server_0 started early" in log
     assert len(set(re.findall(r"\(HFServer pid=(\d+)\)", log))) == 1, "more than one hf rollout server process"
     assert "reward loop: the manager takes the workers started early (klppo_early_reward_loop_" in log

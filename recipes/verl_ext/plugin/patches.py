@@ -304,6 +304,26 @@ def _router_by_value(router) -> None:
     ray.cloudpickle.register_pickle_by_value(router)
 
 
+def _early_router(router) -> None:
+    """verl's ``get_router_handle`` returns the request router the driver started early, with the servers added,
+    when it was made for these arguments (recipes/verl_ext/early_router.py), else builds verl's own."""
+    require_supported_verl()
+    from recipes.verl_ext import early_router  # lazy: the module is for verl's task runner only
+
+    def wrap(original):
+        @functools.wraps(original)
+        def get_router_handle(servers, router_config_path=None, full_determinism=False, load_balancer_cls=None):
+            adopted = early_router.adopt(servers, router_config_path, full_determinism, load_balancer_cls)
+            if adopted is not None:
+                return adopted
+            return original(servers, router_config_path=router_config_path, full_determinism=full_determinism,
+                            load_balancer_cls=load_balancer_cls)
+
+        return get_router_handle
+
+    wrap_once(router, "get_router_handle", "_hybrid_engine_early_router", wrap)
+
+
 def _early_reward_workers(reward_loop) -> None:
     """verl's reward-loop manager takes the reward-loop workers the driver started early, when they were made for
     its config, else creates its own (recipes/verl_ext/early_reward.py)."""
@@ -381,11 +401,12 @@ def _direct_agent_loop_instantiate(agent_loop) -> None:
 
 def apply_trainer_patches() -> None:
     """What every run needs of verl's v1 trainer, on any device: the replay buffer's poll interval from config; the
-    request load balancer's worker without verl's imports; the reward-loop and agent-loop workers started early
-    adopted."""
+    request load balancer's worker without verl's imports; the reward-loop and agent-loop workers and the request
+    router started early adopted."""
     require_supported_verl()
     when_imported("verl.trainer.ppo.v1.replay_buffer", _configurable_poll_interval)
     when_imported("verl.workers.rollout.router", _router_by_value)
+    when_imported("verl.workers.rollout.router", _early_router)
     when_imported("verl.experimental.reward_loop.reward_loop", _early_reward_workers)
     when_imported("verl.experimental.agent_loop.agent_loop", _early_agent_loop_workers)
     when_imported("verl.experimental.agent_loop.agent_loop", _direct_agent_loop_instantiate)
