@@ -9,7 +9,6 @@ verl's value back. The launcher prints that list once, on stderr, when the comma
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
 from collections.abc import Iterator, Sequence
@@ -20,6 +19,7 @@ from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
+from recipes.check.fit import on_cpu
 from recipes.compose.layout_keys import LAYOUT_FED_KEYS
 from recipes.compose.overrides import override_key, override_value
 
@@ -173,8 +173,10 @@ def changed_defaults_lines(resolved: DictConfig, overrides: Sequence[str], unuse
 def fallback_lines(cfg: DictConfig) -> list[str]:
     """The note for a pasted script that will train on GPUs where flash-attn is not installed (as in this process):
     the plugin stands in for verl's flash-attn paths there (``run.flash_attn_fallbacks``); [] elsewhere."""
-    on_cpu = "cpu" in (OmegaConf.select(cfg, "cluster.gpu.name"), OmegaConf.select(cfg, "trainer.device"))
-    if on_cpu or OmegaConf.select(cfg, "run.flash_attn_fallbacks") is False or importlib.util.find_spec("flash_attn"):
+    # lazy: the plugin package installs itself into verl on import; by now verl's composition has loaded it anyway
+    from recipes.verl_ext.plugin.patches import flash_attn_installed
+
+    if on_cpu(cfg) or OmegaConf.select(cfg, "run.flash_attn_fallbacks") is False or flash_attn_installed():
         return []
     return ["note: flash-attn is not installed here: on the GPUs the plugin runs padding-free attention and chunked "
             "log-probs where verl's code needs flash-attn or loops over rows; run.flash_attn_fallbacks=false keeps "
