@@ -25,6 +25,13 @@ def end(names: list[str]) -> None:
             pass
 
 
+def heavy_rollout(config) -> str | None:
+    """The rollout engine of ``config`` whose server class is heavy to load (vLLM, SGLang: verl's modules that import
+    the engine), which the early actors import ahead; None for the pack's ``hf``, whose server class is light."""
+    rollout = str(config.actor_rollout_ref.rollout.name)
+    return None if rollout == "hf" else rollout
+
+
 class WarmImport:
     """The module of a rollout engine's replica and server classes (verl's ``RolloutReplicaRegistry``), imported in a
     thread of this process: a process that later unpickles a handle to one of the engine's servers (Ray loads the

@@ -77,8 +77,7 @@ def start(config) -> list:
 
     node_id = ray.get_runtime_context().get_node_id()
     shell = ray.remote(AgentLoopWorkerTQ)
-    rollout = str(config.actor_rollout_ref.rollout.name)
-    warm = None if rollout == "hf" else rollout  # the pack's hf server class is light to load
+    warm = early_actors.heavy_rollout(config)
     return [shell.options(name=name, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=True))
             .remote(warm) for name in worker_names(config)]
 

@@ -54,8 +54,8 @@ def router_class():
 
 def wanted(config) -> bool:
     """Whether ``config`` has verl build its default router for an engine whose server class is heavy to load."""
-    rollout = config.actor_rollout_ref.rollout
-    return rollout.name != "hf" and not rollout.get("router_config_path")
+    return early_actors.heavy_rollout(config) is not None and not config.actor_rollout_ref.rollout.get(
+        "router_config_path")
 
 
 def launch(rollout: str, full_determinism: bool):
@@ -85,8 +85,9 @@ def adopt(servers: dict, router_config_path, full_determinism: bool, load_balanc
     if not present or NAME in _adopted:
         return None
     router = ray.get_actor(NAME)
-    deterministic, warmed = ray.get(router.klppo_ready.remote())
-    if router_config_path is None and load_balancer_cls is None and bool(full_determinism) == deterministic:
+    default = router_config_path is None and load_balancer_cls is None  # else no need to wait for its import
+    deterministic, warmed = ray.get(router.klppo_ready.remote()) if default else (None, "")
+    if default and bool(full_determinism) == deterministic:
         try:
             ray.get(router.add_servers.remote(servers))
         except Exception as error:  # noqa: BLE001 - verl's own router then, as without the early start
