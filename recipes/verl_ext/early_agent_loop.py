@@ -7,10 +7,11 @@ first step waits and the other core idles. Its arguments (the LLM client, the re
 so the early start cannot build the worker itself. :func:`start` starts, from the driver's early-start thread
 (:mod:`recipes.verl_ext.early_start`), one :class:`AgentLoopWorkerTQ` shell per worker: a Ray actor whose
 ``__init__`` only imports verl's agent loop, and in a thread the rollout engine's server module (for vLLM and
-SGLang: the first server handle the router hands the worker would load it, 2-5 s before the first request). The patched ``_init_agent_loop_workers`` (:func:`adopt`, installed by
-``recipes.verl_ext.plugin.patches``) hands each shell the manager's own arguments (:meth:`AgentLoopWorkerTQ.build`
-builds verl's worker with them, on the actor's event-loop thread, where Ray runs an async actor's ``__init__``) and
-takes the shells as its workers; ``generate_sequences``, the one method verl calls on them, is the worker's.
+SGLang: the first server handle the router hands the worker would load it, 2-5 s before the first request). The
+patched ``_init_agent_loop_workers`` (:func:`adopt`, installed by ``recipes.verl_ext.plugin.patches``) hands each shell
+the manager's own arguments (:meth:`AgentLoopWorkerTQ.build` builds verl's worker with them, on the actor's event-loop
+thread, where Ray runs an async actor's ``__init__``) and takes the shells as its workers; ``generate_sequences``, the
+one method verl calls on them, is the worker's.
 
 Only for verl's TransferQueue manager (``AgentLoopManagerTQ``, the v1 trainer's) and one node; with any other
 manager class, or a set of shells that does not match ``agent.num_workers``, the shells are ended and verl creates

@@ -2,8 +2,9 @@
 
 Asserted: the terminal shows at most 40 lines, the pack's own (verl's and Ray's output is in the run folder's
 verl.log); reward rises clearly while the KL to the reference stays inside its band on most steps, with the KL
-controller's coefficient moving; the run folder is complete; and the README's sample output has the lines this run
-printed (numbers, times, paths and the band warnings aside; tests/readme.py). ``KLPPO_UPDATE_README=1`` writes this
+controller's coefficient moving; the run folder is complete; a second run prints the same steps (the rollout samples
+each request from a generator of its own, seeded by the run's seed); and the README's sample output has the lines this
+run printed (numbers, times, paths and the band warnings aside; tests/readme.py). ``KLPPO_UPDATE_README=1`` writes this
 run's output into the README instead.
 """
 
@@ -87,8 +88,9 @@ def test_reward_rises_while_kl_stays_in_its_band(demo):
     assert len(rewards) == 20
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     # the README's claim for one run of the GRPO demo (under its demo block): a margin of at least 0.2, KL in its band
-    # on at least 18 of the 20 steps (sampling is not seeded: one seed's margin was +0.235 in a CI run of 2026-12-06,
-    # +0.27-0.31 in the story runs of 2026-12-05)
+    # on at least 18 of the 20 steps (+0.324 and 18 of 20 since 2026-12-07, when each rollout request got a seeded
+    # generator of its own; before, with draws that depended on how requests batched, margins of +0.18 to +0.31 and
+    # 17-20 steps in the band)
     assert last >= first + 0.2, f"mean reward per step: {[round(r, 3) for r in rewards]}"
     band = json.loads((demo.run_dir / "bands.json").read_text())
     kl_band = band["bands"]["kl_mean"]
@@ -111,16 +113,30 @@ def test_the_run_folder_is_complete(demo):
     assert (demo.run_dir / "resolved_config.yaml").is_file()
 
 
+def _steps(stdout: str) -> list[str]:
+    """The step lines, each step's wall time cut off."""
+    return [re.sub(r"\s+[0-9.]+ s$", "", line) for line in stdout.splitlines() if line.startswith("step ")]
+
+
+def test_a_second_run_prints_the_same_steps(demo, recipe_cli, tmp_path):
+    again = recipe_cli("grpo", cwd=tmp_path, timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    first, second = _steps(demo.stdout), _steps(again.stdout)
+    assert len(first) == 20 and len({line.split("kl")[0] for line in first}) > 10  # rewards that move
+    assert second == first
+
+
 def test_the_readme_shows_what_the_demo_prints(demo):
-    # which steps leave a band differs from run to run (sampling): the band warnings are not compared
+    # which steps leave a band can differ on another CPU (floating point): the band warnings are not compared
     check_block(START, END, ["$ make demo            # = python -m recipes.grpo"], demo.transcript(),
                 ignored=lambda line: line.startswith("band warning:"))
 
 
 MARGIN_TOLERANCE = 0.1
 """How far the demo's margin (mean reward of the last 5 steps less the first 5) may lie from the README's: one seed's
-margin was +0.235 to +0.31 over the runs of 2026-12-05/06 (rollout sampling is not seeded); 0.1 leaves room for that
-and no room for a README that shows another story."""
+margin was +0.18 to +0.31 over the runs of 2026-12-05/07 while the rollout's draws depended on how its requests
+batched; since 2026-12-07 one machine repeats a run exactly (test_a_second_run_prints_the_same_steps), and 0.1 leaves
+room for another CPU's floating point, no room for a README that shows another story."""
 
 
 def test_the_readme_demo_figures_hold_within_tolerance(demo):

@@ -139,7 +139,8 @@ def test_each_arm_composes_as_the_gpu_machine_runs_it(tmp_path):
     assert portverl.returncode == 0, portverl.stderr[-2000:]
     assert "note: 1 of verl's defaults differ in this run" in portverl.stderr
     assert "flash-attn is not installed here" not in portverl.stderr  # verl's own code, no fallbacks
-    assert "KLPPO_FLASH_ATTN_FALLBACKS: '0'" in (tmp_path / "work" / "check" / "portverl" / "resolved_config.yaml").read_text()
+    resolved = (tmp_path / "work" / "check" / "portverl" / "resolved_config.yaml").read_text()
+    assert "KLPPO_FLASH_ATTN_FALLBACKS: '0'" in resolved
     assert "config OK: fsdp train dp1 tp1 pp1 cp1 ep1" in portverl.stdout
 
 

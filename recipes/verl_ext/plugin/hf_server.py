@@ -2,7 +2,10 @@
 
 :class:`HFServer` holds an HF model. ``generate`` gathers the requests that arrive together into one left-padded
 batch, samples with ``model.generate`` and returns the response tokens, their log-probs (when asked) and
-``extra_fields["global_steps"]`` (the weight version). Lifecycle calls (wake_up, sleep, ...) are no-ops. The model
+``extra_fields["global_steps"]`` (the weight version). Each request samples from a generator of its own, seeded by the
+run's seed, the weight version, the prompt and how many requests with that prompt came before it at that version (or
+by the request's own ``seed``, as vLLM takes one): the tokens do not depend on which requests share its batch, so two
+runs with one seed sample alike. Lifecycle calls (wake_up, sleep, ...) are no-ops. The model
 loads on the host; on a GPU machine it moves, at the first weight hand-off, to the GPU of the worker that feeds it
 (found by the GPU's UUID, as verl's vLLM server takes its workers' devices). Ray runs it behind the shell of
 :mod:`recipes.verl_ext.hf_server_actor`; the replica and the worker-side adapter are in :mod:`.hf_rollout`.
@@ -11,12 +14,14 @@ loads on the host; on a GPU machine it moves, at the first weight hand-off, to t
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import threading
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, GenerationConfig
+from transformers import AutoModelForCausalLM, GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.rollout.replica import TokenOutput
 
@@ -50,7 +55,9 @@ class HFServer:
         eos = [eos] if isinstance(eos, int) else list(eos or [])
         self.eos_token_ids = sorted(set(eos) | {tokenizer.eos_token_id})
         self._lock = threading.Lock()  # generation threads vs weight loads
-        self._pending: list[tuple[list[int], dict, asyncio.Future]] = []
+        self._pending: list[tuple[list[int], dict, asyncio.Future, int]] = []
+        self._seen: dict[bytes, int] = {}  # requests per prompt at the weight version self._seen_version
+        self._seen_version = 0
         self._batcher: asyncio.Task | None = None
         self.device = torch.device("cpu")
         self._placed = False  # whether a hand-off has named the feeding worker's GPU yet
@@ -90,7 +97,9 @@ class HFServer:
         if image_data or video_data or audio_data:
             raise NotImplementedError("the hf rollout is text-only")
         future = asyncio.get_running_loop().create_future()
-        self._pending.append((list(prompt_ids), dict(sampling_params), future))
+        prompt_ids = list(prompt_ids)
+        seed = self._request_seed(prompt_ids, sampling_params)
+        self._pending.append((prompt_ids, dict(sampling_params), future, seed))
         if self._batcher is None or self._batcher.done():
             self._batcher = asyncio.create_task(self._run_batches())
         token_ids, log_probs, weight_steps = await future
@@ -117,13 +126,29 @@ class HFServer:
                 groups.setdefault(self._sampling_key(item[0], item[1]), []).append(item)
             for key, items in groups.items():
                 try:
-                    results = await asyncio.to_thread(self._generate_batch, [item[0] for item in items], key)
+                    results = await asyncio.to_thread(
+                        self._generate_batch, [item[0] for item in items], key, [item[3] for item in items]
+                    )
                 except Exception as error:  # hand the error to every waiting request
-                    for _, _, future in items:
+                    for _, _, future, _ in items:
                         future.set_exception(error)
                     continue
-                for (_, _, future), result in zip(items, results, strict=True):
+                for (_, _, future, _), result in zip(items, results, strict=True):
                     future.set_result(result)
+
+    def _request_seed(self, prompt_ids: list[int], params: dict) -> int:
+        """The request's ``seed`` where it names one; else one drawn from the run's seed, the weight version, the
+        prompt and the count of earlier requests with that prompt at that version (the n samples of a prompt are
+        alike until then, so the order in which they arrive does not matter)."""
+        if params.get("seed") is not None:
+            return int(params["seed"])
+        if self._seen_version != self.weight_version:
+            self._seen, self._seen_version = {}, self.weight_version
+        prompt = hashlib.sha256(",".join(map(str, prompt_ids)).encode()).digest()
+        count = self._seen.get(prompt, 0)
+        self._seen[prompt] = count + 1
+        key = f"{self.config.seed}/{self.weight_version}/{count}/".encode() + prompt
+        return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") & ((1 << 63) - 1)
 
     def _sampling_key(self, prompt_ids: list[int], params: dict) -> tuple:
         """(max_new_tokens, temperature, top_p, top_k, want_logprobs): requests batch together when these agree."""
@@ -142,8 +167,11 @@ class HFServer:
         return max(1, int(max_tokens)), temperature, top_p, top_k, bool(params.get("logprobs", False))
 
     @torch.no_grad()
-    def _generate_batch(self, prompts: list[list[int]], key: tuple) -> list[tuple[list[int], list[float] | None, Any]]:
-        """Left-pad, generate, cut each row after its first eos: ``(token_ids, log_probs, weight version)`` per row."""
+    def _generate_batch(
+        self, prompts: list[list[int]], key: tuple, seeds: list[int] | None = None
+    ) -> list[tuple[list[int], list[float] | None, Any]]:
+        """Left-pad, generate, cut each row after its first eos: ``(token_ids, log_probs, weight version)`` per row.
+        ``seeds``: one per row (:meth:`_request_seed`); none: drawn from torch's generator."""
         max_new_tokens, temperature, top_p, top_k, want_logprobs = key
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
@@ -151,32 +179,34 @@ class HFServer:
         for row, prompt in enumerate(prompts):  # left padding
             input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             attention_mask[row, width - len(prompt) :] = 1
-        sample = temperature > 0
-        # When sampling, every knob is set: one left unset falls back to transformers' defaults (top_k=50), which
-        # would truncate sampling while verl's actor scores the full distribution. Greedy decoding uses none of them.
-        knobs = {"temperature": temperature, "top_p": top_p if 0.0 < top_p < 1.0 else 1.0, "top_k": max(top_k, 0)}
+        if seeds is None:
+            seeds = torch.randint(0, 1 << 62, (len(prompts),)).tolist()
+        # Decoding is greedy over the processed scores; when sampling, the last processor adds each row's own Gumbel
+        # noise to them, which makes the argmax a draw from their softmax (vLLM's processed distribution). Every knob
+        # is set here: transformers' own sampling would default top_k to 50 where verl's actor scores the full one.
         generation_config = GenerationConfig(
             max_new_tokens=max_new_tokens,
-            do_sample=sample,
-            **(knobs if sample else {}),
+            do_sample=False,
             eos_token_id=self.eos_token_ids,
             pad_token_id=self.pad_token_id,
             return_dict_in_generate=True,
-            output_scores=want_logprobs,
+            output_scores=want_logprobs and temperature <= 0,
         )
         with self._lock:  # the model's device and weights hold still while it generates
             weight_steps = self.global_steps
             input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+            draws = _RowDraws(seeds, self.device, temperature, top_p, top_k) if temperature > 0 else None
             out = self.model.generate(
-                input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config
+                input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config,
+                logits_processor=LogitsProcessorList([draws] if draws is not None else []),
             )
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()  # generate's cache back to the GPU, for the training side that follows
         responses = out.sequences[:, width:]
         log_probs = None
         if want_logprobs:
-            # the scores generate sampled from (after temperature, top-k, top-p): vLLM's "processed" log-probs
-            scores = torch.stack(out.scores, dim=1).float()
+            # the scores each token was drawn from (after temperature, top-k, top-p): vLLM's "processed" log-probs
+            scores = torch.stack(draws.scores if draws is not None else out.scores, dim=1).float()
             log_probs = torch.log_softmax(scores, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
         results = []
         eos = set(self.eos_token_ids)
@@ -281,3 +311,29 @@ def cuda_index_of(device_uuid: str) -> int | None:
         if str(torch.cuda.get_device_properties(index).uuid) == device_uuid:
             return index
     return None
+
+
+class _RowDraws(LogitsProcessor):
+    """Temperature, top-k and top-p, then Gumbel noise from each row's own generator: under greedy decoding the
+    argmax is then a draw from the processed distribution, and row r's t-th token uses the t-th draw of its own
+    generator whatever else shares the batch. Keeps the processed scores (before the noise) for the log-probs."""
+
+    def __init__(self, seeds: list[int], device: torch.device, temperature: float, top_p: float, top_k: int) -> None:
+        self.warpers = LogitsProcessorList()
+        if temperature != 1.0:
+            self.warpers.append(TemperatureLogitsWarper(temperature))
+        if top_k > 0:
+            self.warpers.append(TopKLogitsWarper(top_k))
+        if 0.0 < top_p < 1.0:
+            self.warpers.append(TopPLogitsWarper(top_p))
+        self.scores: list[torch.Tensor] = []
+        self.generators = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        scores = self.warpers(input_ids, scores)
+        self.scores.append(scores)
+        uniform = torch.stack([
+            torch.rand(scores.shape[-1], generator=generator, device=scores.device) for generator in self.generators
+        ])
+        gumbel = -torch.log(-torch.log(uniform.clamp_min(torch.finfo(uniform.dtype).tiny)))
+        return scores + gumbel.to(scores.dtype)

@@ -496,9 +496,9 @@ def test_server_batches_concurrent_requests_and_answers_each(server, monkeypatch
     batches = []
     original = server._generate_batch
 
-    def counting(prompts, key):
+    def counting(prompts, key, seeds=None):
         batches.append(len(prompts))
-        return original(prompts, key)
+        return original(prompts, key, seeds)
 
     monkeypatch.setattr(server, "_generate_batch", counting)
     prompts = [[2, 352, 201, 21 + i, 13, 22, 31, 1, 201, 2, 361, 201][: 6 + i] for i in range(6)]
@@ -513,6 +513,37 @@ def test_server_batches_concurrent_requests_and_answers_each(server, monkeypatch
     assert all(1 <= len(out.token_ids) <= 4 and out.log_probs is None for out in outs)
     single = asyncio.run(server.generate(prompts[3], {"temperature": 0, "max_tokens": 4}, "again"))
     assert single.token_ids == outs[3].token_ids  # greedy, left padding does not change the answer
+
+
+def test_a_sample_does_not_depend_on_the_requests_batched_with_it(server):
+    """Two runs with one seed sample alike, however their concurrent requests happen to batch."""
+    prompt, other = [2, 352, 201, 21, 13], [2, 361, 201, 22, 31, 1, 201]
+    params = {"temperature": 1.0, "top_p": 0.9, "logprobs": True, "max_tokens": 12}
+
+    async def together(prompts):
+        return await asyncio.gather(*[server.generate(p, params, f"r{i}") for i, p in enumerate(prompts)])
+
+    alone = asyncio.run(together([prompt] * 5))
+    server._seen_version = -1  # the same weight version, counted afresh: a second run with the same seed
+    order = [other, prompt, other, other, prompt, prompt, other, prompt, prompt]
+    mixed = [out for p, out in zip(order, asyncio.run(together(order)), strict=True) if p == prompt]
+    assert [out.token_ids for out in mixed] == [out.token_ids for out in alone]
+    for a, b in zip(alone, mixed, strict=True):
+        assert a.log_probs == pytest.approx(b.log_probs, abs=1e-4)
+    assert len({tuple(out.token_ids) for out in alone}) >= 4  # the n samples of one prompt draw apart
+
+
+def test_a_request_seed_fixes_the_sample_and_a_new_weight_version_draws_anew(server):
+    prompt = [2, 352, 201, 21, 13]
+    params = {"temperature": 1.0, "max_tokens": 12}
+    seeded = [asyncio.run(server.generate(prompt, {**params, "seed": 7}, f"s{i}")).token_ids for i in range(2)]
+    assert seeded[0] == seeded[1]
+    server._seen_version = -1
+    first = asyncio.run(server.generate(prompt, params, "a")).token_ids
+    server._seen_version = -1
+    assert asyncio.run(server.generate(prompt, params, "b")).token_ids == first
+    server.weight_version += 1
+    assert asyncio.run(server.generate(prompt, params, "c")).token_ids != first
 
 
 def test_server_loads_handed_off_weights_and_tags_the_step(server):
