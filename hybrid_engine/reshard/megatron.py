@@ -32,7 +32,7 @@ from hybrid_engine.groups import HybridGroups, hybrid_groups
 from hybrid_engine.layout import InferLayout, TrainLayout
 from hybrid_engine.model_spec import ModelSpec
 from hybrid_engine.plan.bytes import stage_bounds
-from hybrid_engine.reshard.checksum import tensor_checksum, wrap
+from hybrid_engine.reshard.checksum import ChecksumBatch, wrap
 from hybrid_engine.reshard.exchange import Scheme
 from hybrid_engine.reshard.executor import (
     DEFAULT_BUCKET_BYTES,
@@ -223,14 +223,18 @@ def megatron_checksums(
         raise NotImplementedError(problem)
     counted = _first_holder_boxes(spec, groups, shards.rank)
     names = [tensor.name for tensor in unique_tensors(spec)]
-    rows = []
-    for name in names:
-        row = torch.zeros(3, dtype=torch.int64, device=shards.device)
+    if not names:
+        return names, torch.zeros(0, 3, dtype=torch.int64)
+    batch, owners = ChecksumBatch(), []  # one row a counted segment, and the name's index it adds to
+    for index, name in enumerate(names):
         for segment in shards.segments.get(name, ()):
             if segment.box in counted[name]:
-                row += tensor_checksum(shards.view(name, segment), row_offset=segment.box[0][0])
-        rows.append(row)
-    return names, wrap(torch.stack(rows)) if rows else torch.zeros(0, 3, dtype=torch.int64)
+                batch.add(shards.view(name, segment), row_offset=segment.box[0][0])
+                owners.append(index)
+    out = torch.zeros(len(names), 3, dtype=torch.int64, device=shards.device)
+    if owners:
+        out.index_add_(0, torch.tensor(owners, device=shards.device), batch.result())
+    return names, wrap(out)
 
 
 class MegatronShardedWeights(ShardedWeights):

@@ -96,7 +96,7 @@ def loaded_checksums(model, shapes: Mapping[str, Iterable[int]]) -> dict:
     A fused parameter's rows are sliced back by its module's ``output_sizes`` (``packed_modules_mapping`` names the
     parts); a parameter longer than the HF tensor in dim 0 with the same other dims (the vocabulary vLLM pads) is cut
     to the HF length. A name vLLM holds in another shape is ``not_found``, with its shape."""
-    from hybrid_engine.reshard.checksum import tensor_checksum  # lazy: runs in the vLLM worker only
+    from hybrid_engine.reshard.checksum import checksum_rows  # lazy: runs in the vLLM worker only
 
     tensors = dict(model.named_parameters(remove_duplicate=False))
     tensors.update(model.named_buffers())
@@ -111,9 +111,9 @@ def loaded_checksums(model, shapes: Mapping[str, Iterable[int]]) -> dict:
         if rows is None or tuple(rows.shape) != shape:
             not_found.append(name if rows is None else f"{name} {tuple(rows.shape)} != {shape}")
             continue
-        found[name] = tensor_checksum(rows)
-    # one copy to the host for all of them, not one device sync a tensor
-    sums = dict(zip(found, torch.stack(list(found.values())).tolist(), strict=True)) if found else {}
+        found[name] = rows
+    # batched, and one copy to the host for all of them, not one device sync a tensor
+    sums = dict(zip(found, checksum_rows(list(found.values())).tolist(), strict=True)) if found else {}
     return {"sums": sums, "not_found": not_found}
 
 
@@ -139,26 +139,28 @@ class _StreamChecksums:
     def __init__(self, weights, dtype: torch.dtype, take_sums: bool) -> None:
         self.weights, self.dtype, self.take_sums = weights, dtype, take_sums
         self.shapes: dict[str, list[int]] = {}
-        self._sums: dict[str, torch.Tensor] = {}  # on the tensors' device until read: no device sync a tensor
+        self._summed: list[str] = []  # the names in the batch's order
+        self._batch = None  # hybrid_engine's ChecksumBatch, on the tensors' device until read: no device sync a tensor
         self.bytes = 0
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        from hybrid_engine.reshard.checksum import tensor_checksum  # lazy: as in loaded_checksums
+        from hybrid_engine.reshard.checksum import ChecksumBatch  # lazy: as in loaded_checksums
 
+        self._batch = ChecksumBatch()
         for name, tensor in self.weights:
             self.shapes[name] = list(tensor.shape)
             self.bytes += tensor.numel() * tensor.element_size()
             if self.take_sums:
-                self._sums[name] = tensor_checksum(tensor.detach().to(self.dtype))
+                self._batch.add(tensor.detach().to(self.dtype))  # verl's stream yields every tensor on one device
+                self._summed.append(name)
             yield name, tensor
 
     @property
     def sums(self) -> dict[str, tuple[int, int, int]]:
         """The checksums taken as the stream passed, brought to the host in one copy."""
-        if not self._sums:
+        if not self._summed:
             return {}
-        rows = torch.stack(list(self._sums.values()))  # verl's stream yields every tensor on one device
-        return {name: tuple(row) for name, row in zip(self._sums, rows.tolist(), strict=True)}
+        return {name: tuple(row) for name, row in zip(self._summed, self._batch.result().tolist(), strict=True)}
 
 
 def _rollout_dtype(config) -> torch.dtype:

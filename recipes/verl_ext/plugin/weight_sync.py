@@ -393,6 +393,9 @@ class _Cast(Mapping):
     def __getitem__(self, name: str) -> torch.Tensor:
         return self.state_dict[name].to(self.dtype)
 
+    def __contains__(self, name: object) -> bool:  # Mapping's own would read (cast) the tensor to answer
+        return name in self.state_dict
+
     def __iter__(self):
         return iter(self.state_dict)
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from hybrid_engine.reshard.checksum import checksums, first_mismatch, nonfinite, tensor_checksum, wrap
+from hybrid_engine.reshard.checksum import checksum_rows, checksums, first_mismatch, nonfinite, tensor_checksum, wrap
 
 
 def _wrapping_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -21,6 +22,43 @@ def test_row_shards_add_up_to_the_whole_tensor_exactly():
             total = _wrapping_add(total, tensor_checksum(shard, row_offset=offset))
             offset += shard.shape[0]
         assert torch.equal(total, tensor_checksum(full)), (dtype, cols)
+
+
+def _reference(tensor: torch.Tensor, row_offset: int) -> tuple[int, int, int]:
+    """The module docstring's definition, in Python integers over numpy's view of the bytes: each row's bytes as
+    signed little-endian words (32-bit where the row's bytes allow it, else the element's width), summed; the
+    weighted sum by global row index + 1; 1 when a value is NaN or Inf."""
+    t = tensor.reshape(1) if tensor.dim() == 0 else tensor
+    rows = t.reshape(t.shape[0], -1)
+    raw = rows.contiguous().view(torch.uint8).numpy()  # [rows, bytes]
+    size = t.element_size()
+    word = 4 if size < 4 and raw.shape[1] % 4 == 0 else size
+    kind = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}[word]
+    row_sums = [int(np.ascontiguousarray(row).view(kind).astype(object).sum()) % 2**32 for row in raw]
+    weighted = sum(value * (row_offset + 1 + r) for r, value in enumerate(row_sums)) % 2**32
+    bad = int(t.is_floating_point() and not bool(torch.isfinite(t.float()).all()))
+    return sum(row_sums) % 2**32, weighted, bad
+
+
+def test_a_batch_of_tensors_of_every_kind_matches_the_definition():
+    torch.manual_seed(3)
+    batch = [
+        (torch.randn(13, 7).to(torch.bfloat16), 0),  # rows of 14 bytes: 16-bit words
+        (torch.randn(13, 6).to(torch.bfloat16), 5),  # 12 bytes: 32-bit words, two values each
+        (torch.randn(5).to(torch.float16), 3),  # 1-D: each value a row
+        (torch.randn(3, 4, 5), 0),  # rows of 20 floats
+        (torch.tensor(2.5), 0),  # 0-dim
+        (torch.arange(-4, 6), 11),  # int64 buffer: 64-bit words
+        (torch.randn(4, 3).double(), 2),
+        (torch.tensor([[1.0, float("inf")], [0.5, 2.0]]).to(torch.bfloat16), 0),
+        (torch.randint(-100, 100, (7, 3), dtype=torch.int8), 4),
+        (torch.randn(300, 33).to(torch.bfloat16) * 1e4, 1_000_000),  # a shard deep in a large tensor
+    ]
+    got = checksum_rows([tensor for tensor, _ in batch], [offset for _, offset in batch])
+    assert got.shape == (len(batch), 3) and got.dtype == torch.int64
+    for row, (tensor, offset) in zip(got.tolist(), batch, strict=True):
+        assert tuple(row) == _reference(tensor, offset), (tensor.dtype, tuple(tensor.shape), offset)
+        assert tuple(tensor_checksum(tensor, row_offset=offset).tolist()) == tuple(row)
 
 
 def test_swapped_rows_a_changed_bit_and_nans_are_seen():

@@ -187,6 +187,24 @@ def test_engine_parameters_are_the_reference_when_the_export_carries_them(sync_l
     assert read_sync_log(sync_log)[1]["extra"]["checksum"]["match"] is True
 
 
+def test_the_training_side_casts_each_tensor_once():
+    """The training side's checksums in the rollout's dtype read each fp32 parameter once (a cast a read)."""
+    from recipes.verl_ext.plugin import weight_sync
+
+    class Reads(dict):
+        count = 0
+
+        def __getitem__(self, name):
+            Reads.count += 1
+            return super().__getitem__(name)
+
+    hf = Reads(_hf_weights())
+    sums = weight_sync.training_checksums(ShardedWeights(hf, fallback=iter(())), dtype=torch.bfloat16)
+    assert Reads.count == len(hf) == len(sums)
+    assert sums["model.embed_tokens.weight"] == tuple(
+        tensor_checksum(hf["model.embed_tokens.weight"].to(torch.bfloat16)).tolist())
+
+
 def test_nan_in_the_training_weights_stops_before_the_stream(sync_log):
     hf = _hf_weights()
     hf["model.layers.0.mlp.gate_proj.weight"][2, 3] = float("nan")
