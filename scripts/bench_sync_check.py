@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import time
 
@@ -54,7 +55,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=9)
     args = parser.parse_args()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29541")
+    if "MASTER_PORT" not in os.environ:  # a free one: another process group may run beside this one
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(probe.getsockname()[1])
     dist.init_process_group("nccl" if args.device == "cuda" else "gloo", rank=0, world_size=1)
     from torch.distributed.fsdp import fully_shard
 
