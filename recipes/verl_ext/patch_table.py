@@ -91,9 +91,11 @@ PATCHES: tuple[Patch, ...] = (
           "the duplicate", VERL),
     Patch(_PATCHES, "verl.utils.model.load_valuehead_model",
           "wrapped: the critic's value model loads with its model config's attention (sdpa where flash_attention_2 "
-          "is named; pack_varlen registered where it is named) (CPU platform, or a GPU machine without flash-attn)",
+          "is named; pack_varlen registered where it is named) (CPU platform, or a GPU machine without flash-attn), "
+          "its new value head drawn from a fixed seed",
           "verl hard-codes attn_implementation='flash_attention_2', and its fallback asks for trl and fails (seen on "
-          "an H200, 2026-12-01)", VERL),
+          "an H200, 2026-12-01); verl draws the value head from the worker's generator as it happens to be, so no "
+          "two KL-PPO runs of one command started from the same critic", VERL),
     Patch(_PATCHES, "verl.workers.config.model.HFModelConfig.__post_init__",
           "wrapped: a model config that names no attention gets pack_varlen (PyTorch's own varlen kernel, "
           "recipes.verl_ext.plugin.varlen_attention), written into its frozen override_config in place (GPU machine "

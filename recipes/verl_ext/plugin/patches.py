@@ -206,9 +206,16 @@ def _sdpa_value_model(model_utils) -> None:
     wrap_once(model_utils, "load_valuehead_model", "_hybrid_engine_sdpa", wrap)
 
 
+VALUE_HEAD_SEED = 0
+"""The seed of the critic's value head (the one new layer of a model loaded as a token classifier): verl draws it from
+whatever state the worker's generator is in, so no two runs of one command started from the same critic."""
+
+
 def _load_value_model(local_path, torch_dtype, model_config, trust_remote_code):
-    """verl's loader without its hard-coded flash_attention_2 (and without its trl fallback)."""
+    """verl's loader without its hard-coded flash_attention_2 (and without its trl fallback), its new value head
+    drawn from :data:`VALUE_HEAD_SEED` (the process's own generator left as it was)."""
     # lazy: half a second in every process that imports verl; only the critic's model load needs it
+    import torch
     from transformers import AutoModelForTokenClassification
 
     # verl's first choice (a token-classification head with one label), with the config's attention (set from
@@ -218,13 +225,15 @@ def _load_value_model(local_path, torch_dtype, model_config, trust_remote_code):
         attention = "sdpa"
     elif attention == "pack_varlen":
         _register_varlen_attention()
-    return AutoModelForTokenClassification.from_pretrained(
-        pretrained_model_name_or_path=local_path,
-        torch_dtype=torch_dtype,
-        config=model_config,
-        attn_implementation=attention,
-        trust_remote_code=trust_remote_code,
-    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(VALUE_HEAD_SEED)
+        return AutoModelForTokenClassification.from_pretrained(
+            pretrained_model_name_or_path=local_path,
+            torch_dtype=torch_dtype,
+            config=model_config,
+            attn_implementation=attention,
+            trust_remote_code=trust_remote_code,
+        )
 
 
 def _sharded_export(engine_class: str, export_name: str):

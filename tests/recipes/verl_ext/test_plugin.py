@@ -322,6 +322,24 @@ def test_value_model_loads_with_sdpa(assets):
     assert values.shape == (1, 3, 1)
 
 
+def test_every_load_of_the_value_model_starts_from_the_same_head_and_leaves_the_generator_alone(assets):
+    """verl drew the critic's new value head from the worker's generator as it happened to be: no two runs of one
+    KL-PPO command started from the same critic."""
+    import verl.utils.model as model_utils
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(assets.model_dir, num_labels=1)
+    heads = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        model = model_utils.load_valuehead_model(assets.model_dir, torch.float32, config, False)
+        after = torch.rand(1)
+        torch.manual_seed(seed)
+        assert torch.equal(after, torch.rand(1))  # the process's generator where it was
+        heads.append(model.score.weight.detach().clone())
+    assert torch.equal(heads[0], heads[1]) and heads[0].abs().sum() > 0
+
+
 def test_when_imported_runs_after_the_first_import_and_at_once_later(tmp_path, monkeypatch):
     (tmp_path / "late_module_for_test.py").write_text("VALUE = 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
