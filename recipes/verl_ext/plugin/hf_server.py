@@ -195,7 +195,8 @@ class HFServer:
         with self._lock:  # the model's device and weights hold still while it generates
             weight_steps = self.global_steps
             input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
-            draws = _RowDraws(seeds, self.device, temperature, top_p, top_k) if temperature > 0 else None
+            draws = (_RowDraws(seeds, self.device, temperature, top_p, top_k, keep_scores=want_logprobs)
+                     if temperature > 0 else None)
             out = self.model.generate(
                 input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config,
                 logits_processor=LogitsProcessorList([draws] if draws is not None else []),
@@ -316,9 +317,11 @@ def cuda_index_of(device_uuid: str) -> int | None:
 class _RowDraws(LogitsProcessor):
     """Temperature, top-k and top-p, then Gumbel noise from each row's own generator: under greedy decoding the
     argmax is then a draw from the processed distribution, and row r's t-th token uses the t-th draw of its own
-    generator whatever else shares the batch. Keeps the processed scores (before the noise) for the log-probs."""
+    generator whatever else shares the batch. Keeps the processed scores (before the noise) for the log-probs, when
+    asked."""
 
-    def __init__(self, seeds: list[int], device: torch.device, temperature: float, top_p: float, top_k: int) -> None:
+    def __init__(self, seeds: list[int], device: torch.device, temperature: float, top_p: float, top_k: int,
+                 keep_scores: bool) -> None:
         self.warpers = LogitsProcessorList()
         if temperature != 1.0:
             self.warpers.append(TemperatureLogitsWarper(temperature))
@@ -326,12 +329,14 @@ class _RowDraws(LogitsProcessor):
             self.warpers.append(TopKLogitsWarper(top_k))
         if 0.0 < top_p < 1.0:
             self.warpers.append(TopPLogitsWarper(top_p))
+        self.keep_scores = keep_scores  # [rows, vocab] a token: only when log-probs are asked for
         self.scores: list[torch.Tensor] = []
         self.generators = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         scores = self.warpers(input_ids, scores)
-        self.scores.append(scores)
+        if self.keep_scores:
+            self.scores.append(scores)
         uniform = torch.stack([
             torch.rand(scores.shape[-1], generator=generator, device=scores.device) for generator in self.generators
         ])
