@@ -214,8 +214,9 @@ whatever state the worker's generator is in, so no two runs of one command start
 def _load_value_model(local_path, torch_dtype, model_config, trust_remote_code):
     """verl's loader without its hard-coded flash_attention_2 (and without its trl fallback), its new value head
     drawn from :data:`VALUE_HEAD_SEED` (the process's own generator left as it was)."""
+    import torch  # lazy: as transformers below
+
     # lazy: half a second in every process that imports verl; only the critic's model load needs it
-    import torch
     from transformers import AutoModelForTokenClassification
 
     # verl's first choice (a token-classification head with one label), with the config's attention (set from
