@@ -69,9 +69,6 @@ class ChecksumBatch:
         self._passes: list[tuple[torch.Tensor, torch.Tensor | None]] = []
         self._offsets: list[int] = []
 
-    def __len__(self) -> int:
-        return len(self._passes)
-
     def add(self, tensor: torch.Tensor, row_offset: int = 0) -> None:
         """Take ``tensor``'s passes (rows ``row_offset..`` of a larger tensor when it is a row shard; not empty)."""
         self._passes.append(_passes(tensor))
@@ -131,14 +128,6 @@ def local_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
 
     _, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
     return to_local(), int(offset[0]) if offset else 0
-
-
-def local_checksum(tensor: torch.Tensor) -> torch.Tensor:
-    """A tensor's checksum share on this rank (the rows of :func:`local_rows`): zeros where it holds none."""
-    local, offset = local_rows(tensor)
-    if local.numel() == 0:
-        return torch.zeros(3, dtype=torch.int64, device=local.device)
-    return tensor_checksum(local, row_offset=offset)
 
 
 def counts_here(tensor: torch.Tensor) -> bool:

@@ -168,10 +168,10 @@ class HFServer:
 
     @torch.no_grad()
     def _generate_batch(
-        self, prompts: list[list[int]], key: tuple, seeds: list[int] | None = None
+        self, prompts: list[list[int]], key: tuple, seeds: list[int]
     ) -> list[tuple[list[int], list[float] | None, Any]]:
         """Left-pad, generate, cut each row after its first eos: ``(token_ids, log_probs, weight version)`` per row.
-        ``seeds``: one per row (:meth:`_request_seed`); none: drawn from torch's generator."""
+        ``seeds``: one per row (:meth:`_request_seed`)."""
         max_new_tokens, temperature, top_p, top_k, want_logprobs = key
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
@@ -179,8 +179,6 @@ class HFServer:
         for row, prompt in enumerate(prompts):  # left padding
             input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             attention_mask[row, width - len(prompt) :] = 1
-        if seeds is None:
-            seeds = torch.randint(0, 1 << 62, (len(prompts),)).tolist()
         # Decoding is greedy over the processed scores; when sampling, the last processor adds each row's own Gumbel
         # noise to them, which makes the argmax a draw from their softmax (vLLM's processed distribution). Every knob
         # is set here: transformers' own sampling would default top_k to 50 where verl's actor scores the full one.

@@ -146,7 +146,7 @@ class _StreamChecksums:
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         from hybrid_engine.reshard.checksum import ChecksumBatch  # lazy: as in loaded_checksums
 
-        self._batch = ChecksumBatch()
+        self._batch, self._summed = ChecksumBatch(), []
         for name, tensor in self.weights:
             self.shapes[name] = list(tensor.shape)
             self.bytes += tensor.numel() * tensor.element_size()

@@ -502,9 +502,10 @@ def test_server_generates_with_log_probs_that_match_a_forward_pass(server):
 def test_server_samples_from_the_whole_vocabulary_unless_told_otherwise(server):
     """transformers' generate defaults to top_k=50; verl's actor scores the full softmax, so the server must not."""
     prompt = [2, 352, 201, 21, 13, 22, 31, 1, 201, 2, 361, 201]
-    first = [row[0][0] for row in server._generate_batch([prompt] * 400, (1, 1.0, 1.0, -1, True))]  # one batch
+    one_batch = server._generate_batch([prompt] * 400, (1, 1.0, 1.0, -1, True), list(range(400)))
+    first = [row[0][0] for row in one_batch]
     assert len(set(first)) > 100  # ~near-uniform over 512 tokens: top-50 truncation would give <= 50
-    truncated = server._generate_batch([prompt] * 200, (1, 1.0, 1.0, 5, True))
+    truncated = server._generate_batch([prompt] * 200, (1, 1.0, 1.0, 5, True), list(range(200)))
     assert len({row[0][0] for row in truncated}) <= 5
     # with top-k the log-probs are those of the distribution sampled from (renormalised over 5 tokens)
     assert all(row[1][0] > -torch.log(torch.tensor(5.0)).item() - 1.0 for row in truncated)
@@ -514,7 +515,7 @@ def test_server_batches_concurrent_requests_and_answers_each(server, monkeypatch
     batches = []
     original = server._generate_batch
 
-    def counting(prompts, key, seeds=None):
+    def counting(prompts, key, seeds):
         batches.append(len(prompts))
         return original(prompts, key, seeds)
 
