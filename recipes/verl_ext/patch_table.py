@@ -140,11 +140,13 @@ PATCHES: tuple[Patch, ...] = (
     Patch(_PATCHES, "verl.workers.rollout.vllm_rollout.vllm_rollout.ServerAdapter.update_weights",
           "wrapped (vllm_sync.wrap_update_weights): checksums of the weights in the rollout's dtype before verl's "
           "sync, verl's sync timed, the vLLM workers' loaded weights read back and compared; a record in "
-          "weight_sync.jsonl; SyncCheckFailed on a mismatch. LoRA and delta updates pass through",
+          "weight_sync.jsonl; SyncCheckFailed on a mismatch. verl's stream sent in the rollout's dtype where the "
+          "last read-back found vLLM holding it so, a tied lm_head left out. LoRA and delta updates pass through",
           "verl's sync into vLLM has no hook before or after the stream and checks nothing of what vLLM loads",
           VERL),
     Patch(_PATCHES, "verl.workers.rollout.vllm_rollout.utils.vLLMColocateWorkerExtension.klppo_loaded_checksums",
-          "added (vllm_sync.worker_loaded_checksums): the checksums of the worker's loaded weights under HF names",
+          "added (vllm_sync.worker_loaded_checksums): the checksums of the worker's loaded weights under HF names, "
+          "in the rollout's dtype, and the dtype each is held in",
           "the worker extension is the only code verl runs inside vLLM's worker processes, where the weights are",
           VERL),
     Patch(_PATCHES, "verl.workers.rollout.vllm_rollout.vllm_async_server.vLLMHttpServer.collective_rpc",

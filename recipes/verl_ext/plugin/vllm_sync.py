@@ -11,7 +11,10 @@ recipes set it), every sync here:
    dict, Megatron's GPTModel parameters: :func:`.weight_sync.training_checksums`, all-reduced over the ranks), so the
    check covers verl's export too; otherwise (FSDP1, parameter offload) from each tensor as verl's stream yields it;
    NaN/Inf on the training side stops the sync before anything moves;
-2. runs verl's sync unchanged, timed;
+2. runs verl's sync, timed, with its stream sent as vLLM will hold it: fp32 tensors in the rollout's dtype where
+   the last read-back found vLLM holding them so (vLLM casts them on arrival anyway: half the bytes; the first sync
+   sends verl's tensors as they are, and what vLLM keeps in fp32 stays fp32), a tied ``lm_head`` left out (vLLM
+   loads the embedding into it);
 3. asks each vLLM worker of the replica for the checksums of what it loaded (:func:`loaded_checksums`, installed on
    verl's worker extension as ``klppo_loaded_checksums``: the fused rows sliced back out by their ``output_sizes``,
    the padded vocabulary cut), compares them exactly and raises :class:`.weight_sync.SyncCheckFailed` naming the
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
 
 import torch
@@ -89,9 +93,12 @@ def _loaded_rows(model, tensors: Mapping[str, torch.Tensor], parts, name: str) -
     return param[start : start + sizes[index]]
 
 
-def loaded_checksums(model, shapes: Mapping[str, Iterable[int]]) -> dict:
+def loaded_checksums(model, shapes: Mapping[str, Iterable[int]], dtype: str | None = None) -> dict:
     """What ``model`` (a vLLM model, one worker's, unsharded) holds under each HF name in ``shapes``: ``{"sums":
-    {name: [sum, weighted, nonfinite]}, "not_found": [names]}``.
+    {name: [sum, weighted, nonfinite]}, "not_found": [names], "dtypes": {name: the dtype vLLM holds it in}}``.
+
+    ``dtype`` (the rollout's, as the training side's checksums are taken): a parameter vLLM keeps in another
+    floating dtype (fp32, as some keep a MoE router's gate) is cast to it first.
 
     A fused parameter's rows are sliced back by its module's ``output_sizes`` (``packed_modules_mapping`` names the
     parts); a parameter longer than the HF tensor in dim 0 with the same other dims (the vocabulary vLLM pads) is cut
@@ -112,12 +119,16 @@ def loaded_checksums(model, shapes: Mapping[str, Iterable[int]]) -> dict:
             not_found.append(name if rows is None else f"{name} {tuple(rows.shape)} != {shape}")
             continue
         found[name] = rows
+    dtypes = {name: str(rows.dtype).replace("torch.", "") for name, rows in found.items()}
+    if dtype is not None:
+        wanted = getattr(torch, dtype)
+        found = {name: rows.to(wanted) if rows.is_floating_point() else rows for name, rows in found.items()}
     # batched, and one copy to the host for all of them, not one device sync a tensor
     sums = dict(zip(found, checksum_rows(list(found.values())).tolist(), strict=True)) if found else {}
-    return {"sums": sums, "not_found": not_found}
+    return {"sums": sums, "not_found": not_found, "dtypes": dtypes}
 
 
-def worker_loaded_checksums(self, shapes: dict) -> dict:
+def worker_loaded_checksums(self, shapes: dict, dtype: str | None = None) -> dict:
     """``klppo_loaded_checksums`` of verl's vLLM worker extension: :func:`loaded_checksums` of this worker's model,
     or why it is not read back (vLLM's tensor parallelism: each worker holds a slice)."""
     from vllm.distributed import get_tensor_model_parallel_world_size  # lazy: vLLM's worker process only
@@ -126,19 +137,29 @@ def worker_loaded_checksums(self, shapes: dict) -> dict:
     if tp > 1:
         return {"unchecked": f"vLLM tensor parallel {tp}: each worker holds a slice"}
     with torch.no_grad():
-        return loaded_checksums(self.model_runner.model, shapes)
+        return loaded_checksums(self.model_runner.model, shapes, dtype)
 
 
 # ---- the training side: in the actor's process ----------------------------------------------------------------------
 
 
 class _StreamChecksums:
-    """verl's stream as it is, counting each tensor's bytes and shape and, where no training-side checksums came
-    first, taking each tensor's checksum in the rollout's dtype as it passes."""
+    """verl's stream, counting each tensor's bytes and shape and, where no training-side checksums came first,
+    taking each tensor's checksum in the rollout's dtype as it passes.
 
-    def __init__(self, weights, dtype: torch.dtype, take_sums: bool) -> None:
+    ``cast``: names sent in the rollout's dtype where verl yields them in fp32: those vLLM held in that dtype at the
+    last sync, whose ``load_weights`` casts them on arrival anyway (the same bits, half the bytes through verl's IPC
+    buckets). verl sends every tensor as the engine holds it, because some parameters stay fp32 in vLLM (a MoE
+    router's gate); the first sync learns which. ``skip``: names vLLM does not load (``lm_head.weight`` where the
+    model ties it to the embedding, which is sent)."""
+
+    def __init__(self, weights, dtype: torch.dtype, take_sums: bool, cast: frozenset[str] = frozenset(),
+                 skip: frozenset[str] = frozenset()) -> None:
         self.weights, self.dtype, self.take_sums = weights, dtype, take_sums
+        self.cast, self.skip = cast, skip
         self.shapes: dict[str, list[int]] = {}
+        self.sent_cast = 0
+        self.skipped: list[str] = []
         self._summed: list[str] = []  # the names in the batch's order
         self._batch = None  # hybrid_engine's ChecksumBatch, on the tensors' device until read: no device sync a tensor
         self.bytes = 0
@@ -146,8 +167,14 @@ class _StreamChecksums:
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         from hybrid_engine.reshard.checksum import ChecksumBatch  # lazy: as in loaded_checksums
 
-        self._batch, self._summed = ChecksumBatch(), []
+        self._batch, self._summed, self.skipped, self.sent_cast = ChecksumBatch(), [], [], 0
         for name, tensor in self.weights:
+            if name in self.skip:
+                self.skipped.append(name)
+                continue
+            if name in self.cast and tensor.dtype == torch.float32:
+                tensor = tensor.to(self.dtype)
+                self.sent_cast += 1
             self.shapes[name] = list(tensor.shape)
             self.bytes += tensor.numel() * tensor.element_size()
             if self.take_sums:
@@ -161,6 +188,26 @@ class _StreamChecksums:
         if not self._summed:
             return {}
         return {name: tuple(row) for name, row in zip(self._summed, self._batch.result().tolist(), strict=True)}
+
+
+_SEND_IN_ROLLOUT_DTYPE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""verl's adapter -> the names its next sync sends in the rollout's dtype (learned from the last read-back)."""
+
+
+def _to_cast(replies: list, dtype: torch.dtype, config) -> frozenset[str]:
+    """The names every worker holds in the rollout's dtype, where that dtype is 16-bit and nothing is quantized on
+    load (a quantized rollout's scales are taken from what arrives: it gets verl's tensors as they are)."""
+    if getattr(config, "quantization", None) or dtype not in (torch.bfloat16, torch.float16) or not replies:
+        return frozenset()
+    held = [reply.get("dtypes") or {} for reply in replies]
+    wanted = str(dtype).replace("torch.", "")
+    return frozenset(name for name in held[0] if all(h.get(name) == wanted for h in held))
+
+
+def _not_loaded(adapter) -> frozenset[str]:
+    """HF names vLLM's ``load_weights`` skips: ``lm_head.weight`` where the model ties it to the embedding."""
+    hf_config = getattr(getattr(adapter, "model_config", None), "hf_config", None)
+    return frozenset({"lm_head.weight"}) if getattr(hf_config, "tie_word_embeddings", False) else frozenset()
 
 
 def _rollout_dtype(config) -> torch.dtype:
@@ -200,7 +247,8 @@ async def checked_update_weights(original, adapter, weights, global_steps=None, 
     expected = training_checksums(weights, dtype=dtype)  # every rank alike (all-reduced); None: verl's stream
     check_training_side(expected, global_steps)
     check_seconds = time.perf_counter() - started
-    stream = _StreamChecksums(weights, dtype, take_sums=expected is None)
+    stream = _StreamChecksums(weights, dtype, take_sums=expected is None,
+                              cast=_SEND_IN_ROLLOUT_DTYPE.get(adapter, frozenset()), skip=_not_loaded(adapter))
     sync_started = time.perf_counter()
     result = await original(adapter, stream, global_steps=global_steps, wire_format=wire_format, **kwargs)
     seconds = time.perf_counter() - sync_started
@@ -216,12 +264,18 @@ async def checked_update_weights(original, adapter, weights, global_steps=None, 
         seconds=seconds,
         fallback_reason=WHY_NOT_RESHARDER,
     )
+    record.extra["sent"] = {"in_rollout_dtype": stream.sent_cast, "skipped": stream.skipped}
     mismatch = None
     if record.feeder:
         read_started = time.perf_counter()
         try:
-            replies = await adapter._execute_method(READBACK_METHOD, kwargs={"shapes": stream.shapes})
-            entry, mismatch = _compare(expected or stream.sums, list(replies or []), dtype)
+            dtype_name = str(dtype).replace("torch.", "")
+            replies = await adapter._execute_method(READBACK_METHOD, kwargs={"shapes": stream.shapes,
+                                                                             "dtype": dtype_name})
+            replies = list(replies or [])
+            entry, mismatch = _compare(expected or stream.sums, replies, dtype)
+            if entry["checked"] == "both sides":  # what the workers hold decides what the next sync casts
+                _SEND_IN_ROLLOUT_DTYPE[adapter] = _to_cast(replies, dtype, adapter.config)
             entry["source"] = "training engine's parameters" if expected is not None else "verl's stream as sent"
         except Exception as error:  # noqa: BLE001  (the check's own failure is recorded, never stops a run)
             warn_once(f"weight sync into vLLM: the check could not run: {type(error).__name__}: {error}")

@@ -65,7 +65,17 @@ class _VllmQwen2(nn.Module):
             start = sum(module.output_sizes[:index])
             getattr(module, attr).data[start : start + tensor.shape[0]] = tensor.to(torch.bfloat16)
         elif name != "model.layers.0.self_attn.rotary_emb.inv_freq":  # vLLM computes it, skips the loaded one
-            self.get_parameter(name).data[: tensor.shape[0]] = tensor.to(torch.bfloat16)
+            param = self.get_parameter(name)
+            param.data[: tensor.shape[0]] = tensor.to(param.dtype)
+
+
+class _VllmWithGate(_VllmQwen2):
+    """The same with a parameter vLLM keeps in fp32, as it keeps a MoE router's gate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model.layers[0].mlp.gate = nn.Module()
+        self.model.layers[0].mlp.gate.weight = nn.Parameter(torch.zeros(4, HIDDEN))
 
 
 def _hf_weights(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -100,16 +110,19 @@ class _Adapter:
         self.methods.append(method)
         if self.reply is not None:
             return self.reply(kwargs)
-        return [vllm_sync.loaded_checksums(self.model, kwargs["shapes"])]
+        return [vllm_sync.loaded_checksums(self.model, kwargs["shapes"], kwargs.get("dtype"))]
 
 
-def _loader(change: str | None = None):
-    """verl's sync stood in: drains the stream into the model (``change``: that tensor arrives with one value off)."""
+def _loader(change: str | None = None, arrived: dict | None = None):
+    """verl's sync stood in: drains the stream into the model (``change``: that tensor arrives with one value off;
+    ``arrived``: filled with each name's dtype as it arrived)."""
     calls = []
 
     async def original(adapter, weights, global_steps=None, wire_format="named_tensors", **kwargs):
         calls.append(weights)
         for name, tensor in weights:
+            if arrived is not None:
+                arrived[name] = tensor.dtype
             if name == change:
                 tensor = tensor.clone()
                 tensor.view(-1)[0] += 1.0
@@ -317,3 +330,56 @@ def test_a_scalar_reads_back_and_a_shape_vllm_changed_is_named():
     got = vllm_sync.loaded_checksums(model, {"scale": [], "shift": []})
     assert got["sums"] == {"scale": tensor_checksum(torch.tensor(2.5, dtype=torch.bfloat16)).tolist()}
     assert got["not_found"] == ["shift (1,) != ()"]
+
+
+def test_later_syncs_send_in_the_rollout_dtype_what_vllm_holds_in_it(sync_log):
+    """The first sync sends verl's fp32 tensors as they are and learns from the read-back what vLLM holds in bf16;
+    from the second on those go in bf16 (half the bytes), the same bits loaded, and what vLLM keeps in fp32 (the gate)
+    or does not hold (rotary inv_freq) still goes in fp32."""
+    gate = "model.layers.0.mlp.gate.weight"
+    hf = _hf_weights()
+    hf[gate] = torch.randn(4, HIDDEN, generator=torch.Generator().manual_seed(7))
+    model, arrived = _VllmWithGate(), {}
+    adapter = _Adapter(model)
+    original, _ = _loader(arrived=arrived)
+    _sync(adapter, iter(hf.items()), original, step=1)
+    assert set(arrived.values()) == {torch.float32}
+    _sync(adapter, iter(hf.items()), original, step=2)
+    kept = {gate, "model.layers.0.self_attn.rotary_emb.inv_freq"}
+    assert {name for name, dtype in arrived.items() if dtype == torch.float32} == kept
+    assert {dtype for name, dtype in arrived.items() if name not in kept} == {torch.bfloat16}
+    first, second = read_sync_log(sync_log)
+    assert first["extra"]["sent"]["in_rollout_dtype"] == 0
+    assert second["extra"]["sent"]["in_rollout_dtype"] == len(hf) - len(kept)
+    assert second["model_bytes"] == sum(t.numel() * (4 if n in kept else 2) for n, t in hf.items())
+    assert second["extra"]["checksum"]["match"] is True
+    assert torch.equal(model.get_parameter(gate), hf[gate])  # fp32 kept to the last bit
+
+
+def test_a_quantized_rollout_gets_verls_tensors_as_they_are(sync_log):
+    hf = _hf_weights()
+    adapter, arrived = _Adapter(_VllmQwen2()), {}
+    adapter.config.quantization = "fp8"
+    original, _ = _loader(arrived=arrived)
+    for step in (1, 2):
+        _sync(adapter, iter(hf.items()), original, step=step)
+        assert set(arrived.values()) == {torch.float32}, step
+
+
+def test_a_tied_lm_head_is_not_sent(sync_log):
+    """vLLM's load_weights skips ``lm_head.weight`` when the model ties it to the embedding, so the stream leaves it
+    out (verl sends it: 0.87 GiB of fp32 a sync for Qwen2.5-1.5B); the check still reads back every tensor sent."""
+    hf = _hf_weights()
+    hf["lm_head.weight"] = hf["model.embed_tokens.weight"]
+    adapter, arrived = _Adapter(_VllmQwen2()), {}
+    original, _ = _loader(arrived=arrived)
+    adapter.model_config = SimpleNamespace(hf_config=SimpleNamespace(tie_word_embeddings=True))
+    _sync(adapter, iter(hf.items()), original)
+    assert "lm_head.weight" not in arrived and len(arrived) == len(hf) - 1
+    (record,) = read_sync_log(sync_log)
+    assert record["extra"]["sent"]["skipped"] == ["lm_head.weight"] and record["extra"]["checksum"]["match"] is True
+
+    adapter.model_config.hf_config.tie_word_embeddings = False  # untied: sent, as verl sends it
+    arrived.clear()
+    _sync(_Adapter(_VllmQwen2()), iter(hf.items()), original)
+    assert "lm_head.weight" in arrived
