@@ -183,13 +183,17 @@ def weight_sync_summary(path: Path) -> str | None:
 
 
 def _vllm_sync_line(records: list[dict]) -> str:
-    """The sync into vLLM in one line: its median time, the bytes streamed, and how many syncs the checksum held."""
+    """The sync into vLLM in one line: its median time, the bytes streamed, how many syncs the checksum held and
+    what the check took."""
     feeders = [r for r in records if r.get("feeder")] or records
     seconds = sorted(r["seconds"] for r in feeders)
     checks = [r.get("extra", {}).get("checksum", {}) for r in feeders]
     matched = sum(1 for c in checks if c.get("match") is True)
     unchecked = next((c["checked"] for c in checks if c.get("checked", "").startswith("no")), None)
     check = f"checksum matched in {matched} of {len(feeders)}" + (f" ({unchecked})" if unchecked else "")
+    check_seconds = sorted(c["check_seconds"] for c in checks if "check_seconds" in c)
+    if check_seconds:  # the check's own time, beside the sync's: both sides' checksums and the read-back
+        check += f", the check {check_seconds[len(check_seconds) // 2]:.3f} s a sync (median)"
     return (
         f"weight sync into vLLM ({len(feeders)} syncs, verl's CUDA-IPC path, weight_sync.jsonl): median "
         f"{seconds[len(seconds) // 2]:.3f} s for {_size(feeders[-1]['model_bytes'])}; {check}"
