@@ -151,7 +151,8 @@ class _StreamChecksums:
     last sync, whose ``load_weights`` casts them on arrival anyway (the same bits, half the bytes through verl's IPC
     buckets). verl sends every tensor as the engine holds it, because some parameters stay fp32 in vLLM (a MoE
     router's gate); the first sync learns which. ``skip``: names vLLM does not load (``lm_head.weight`` where the
-    model ties it to the embedding, which is sent)."""
+    model ties it to the embedding, which is sent): not sent, but read back like the rest, so that a vLLM model that
+    did not tie them fails the check instead of generating with a stale head."""
 
     def __init__(self, weights, dtype: torch.dtype, take_sums: bool, cast: frozenset[str] = frozenset(),
                  skip: frozenset[str] = frozenset()) -> None:
@@ -169,17 +170,17 @@ class _StreamChecksums:
 
         self._batch, self._summed, self.skipped, self.sent_cast = ChecksumBatch(), [], [], 0
         for name, tensor in self.weights:
-            if name in self.skip:
-                self.skipped.append(name)
-                continue
             if name in self.cast and tensor.dtype == torch.float32:
                 tensor = tensor.to(self.dtype)
                 self.sent_cast += 1
             self.shapes[name] = list(tensor.shape)
-            self.bytes += tensor.numel() * tensor.element_size()
             if self.take_sums:
                 self._batch.add(tensor.detach().to(self.dtype))  # verl's stream yields every tensor on one device
                 self._summed.append(name)
+            if name in self.skip:
+                self.skipped.append(name)
+                continue
+            self.bytes += tensor.numel() * tensor.element_size()
             yield name, tensor
 
     @property

@@ -380,8 +380,24 @@ def test_a_tied_lm_head_is_not_sent(sync_log):
     assert "lm_head.weight" not in arrived and len(arrived) == len(hf) - 1
     (record,) = read_sync_log(sync_log)
     assert record["extra"]["sent"]["skipped"] == ["lm_head.weight"] and record["extra"]["checksum"]["match"] is True
+    assert record["extra"]["checksum"]["tensors"] == len(hf) - 1  # lm_head read back too (inv_freq is not held)
 
     adapter.model_config.hf_config.tie_word_embeddings = False  # untied: sent, as verl sends it
     arrived.clear()
     _sync(_Adapter(_VllmQwen2()), iter(hf.items()), original)
     assert "lm_head.weight" in arrived
+
+
+def test_a_head_vllm_did_not_tie_fails_the_check(sync_log):
+    """Where the config ties the head but vLLM's model holds a head of its own, the head left out of the stream keeps
+    its old weights; the read-back finds them and stops the sync, naming it."""
+    hf = _hf_weights()
+    hf["lm_head.weight"] = hf["model.embed_tokens.weight"]
+    model = _VllmQwen2()
+    model.lm_head = nn.Module()
+    model.lm_head.weight = nn.Parameter(torch.zeros(64, HIDDEN, dtype=torch.bfloat16))
+    adapter = _Adapter(model)
+    adapter.model_config = SimpleNamespace(hf_config=SimpleNamespace(tie_word_embeddings=True))
+    original, _ = _loader()
+    with pytest.raises(SyncCheckFailed, match="lm_head.weight: training and generation weights differ"):
+        _sync(adapter, iter(hf.items()), original)
