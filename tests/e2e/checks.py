@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -124,3 +125,8 @@ def ray_workers(root_pid: int, title: str) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return found
+
+
+def step_lines(stdout: str) -> list[str]:
+    """The step lines a run printed, each step's wall time cut off: what two runs of one command must print alike."""
+    return [re.sub(r"\s+[0-9.]+ s$", "", line) for line in stdout.splitlines() if line.startswith("step ")]

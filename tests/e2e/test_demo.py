@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.checks import assert_rollout_is_the_actor, assert_weight_sync_through_the_resharder
+from tests.e2e.checks import assert_rollout_is_the_actor, assert_weight_sync_through_the_resharder, step_lines
 from tests.readme import README, check_block
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.slow]
@@ -101,8 +101,8 @@ def test_reward_rises_while_kl_stays_in_its_band(demo):
     coefs = demo.series("kl_control/loss_coef")
     assert max(coefs) > 1.5 * min(coefs), f"the controller's coefficient per step: {coefs}"
     # the progress line shows that KL and that coefficient
-    step_lines = [line for line in demo.stdout.splitlines() if line.startswith("step ")]
-    assert f"kl {kl[-1]:.4f} (coef {coefs[-1]:.4g})" in step_lines[-1]
+    printed = [line for line in demo.stdout.splitlines() if line.startswith("step ")]
+    assert f"kl {kl[-1]:.4f} (coef {coefs[-1]:.4g})" in printed[-1]
 
 
 def test_the_run_folder_is_complete(demo):
@@ -113,15 +113,10 @@ def test_the_run_folder_is_complete(demo):
     assert (demo.run_dir / "resolved_config.yaml").is_file()
 
 
-def _steps(stdout: str) -> list[str]:
-    """The step lines, each step's wall time cut off."""
-    return [re.sub(r"\s+[0-9.]+ s$", "", line) for line in stdout.splitlines() if line.startswith("step ")]
-
-
 def test_a_second_run_prints_the_same_steps(demo, recipe_cli, tmp_path):
     again = recipe_cli("grpo", cwd=tmp_path, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
-    first, second = _steps(demo.stdout), _steps(again.stdout)
+    first, second = step_lines(demo.stdout), step_lines(again.stdout)
     assert len(first) == 20 and len({line.split("kl")[0] for line in first}) > 10  # rewards that move
     assert second == first
 

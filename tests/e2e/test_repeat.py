@@ -9,18 +9,14 @@ values, so the advantages and the printed value loss, from step 1.
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
+
+from tests.e2e.checks import step_lines
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.slow]
 
 STEPS = 4
-
-
-def _steps(stdout: str) -> list[str]:
-    """The step lines, each step's wall time cut off."""
-    return [re.sub(r"\s+[0-9.]+ s$", "", line) for line in stdout.splitlines() if line.startswith("step ")]
 
 
 def _critic(workdir) -> list[tuple[float, float]]:
@@ -37,7 +33,7 @@ def test_kl_ppo_run_twice_prints_the_same_steps(recipe_cli, tmp_path):
         workdir.mkdir()
         proc = recipe_cli("kl_ppo", f"trainer.total_training_steps={STEPS}", cwd=workdir, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
-        printed.append(_steps(proc.stdout))
+        printed.append(step_lines(proc.stdout))
         critic.append(_critic(workdir))
     assert len(printed[0]) == STEPS, printed[0]
     assert printed[1] == printed[0]
