@@ -93,6 +93,11 @@ def _loaded_rows(model, tensors: Mapping[str, torch.Tensor], parts, name: str) -
     return param[start : start + sizes[index]]
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``: how a dtype crosses to the vLLM worker and into the record."""
+    return str(dtype).replace("torch.", "")
+
+
 def loaded_checksums(model, shapes: Mapping[str, Iterable[int]], dtype: str | None = None) -> dict:
     """What ``model`` (a vLLM model, one worker's, unsharded) holds under each HF name in ``shapes``: ``{"sums":
     {name: [sum, weighted, nonfinite]}, "not_found": [names], "dtypes": {name: the dtype vLLM holds it in}}``.
@@ -119,7 +124,7 @@ def loaded_checksums(model, shapes: Mapping[str, Iterable[int]], dtype: str | No
             not_found.append(name if rows is None else f"{name} {tuple(rows.shape)} != {shape}")
             continue
         found[name] = rows
-    dtypes = {name: str(rows.dtype).replace("torch.", "") for name, rows in found.items()}
+    dtypes = {name: _dtype_name(rows.dtype) for name, rows in found.items()}
     if dtype is not None:
         wanted = getattr(torch, dtype)
         found = {name: rows.to(wanted) if rows.is_floating_point() else rows for name, rows in found.items()}
@@ -201,7 +206,7 @@ def _to_cast(replies: list, dtype: torch.dtype, config) -> frozenset[str]:
     if getattr(config, "quantization", None) or dtype not in (torch.bfloat16, torch.float16) or not replies:
         return frozenset()
     held = [reply.get("dtypes") or {} for reply in replies]
-    wanted = str(dtype).replace("torch.", "")
+    wanted = _dtype_name(dtype)
     return frozenset(name for name in held[0] if all(h.get(name) == wanted for h in held))
 
 
@@ -221,7 +226,7 @@ def _compare(expected: Mapping, replies: list, dtype: torch.dtype) -> tuple[dict
     """The check's record entry and the first mismatch (one line), from the workers' replies."""
     from hybrid_engine.reshard.checksum import first_mismatch  # lazy: as in loaded_checksums
 
-    entry: dict = {"dtype": str(dtype).replace("torch.", ""), "workers": len(replies)}
+    entry: dict = {"dtype": _dtype_name(dtype), "workers": len(replies)}
     unchecked = [r["unchecked"] for r in replies if "unchecked" in r]
     if unchecked or not replies:
         entry["checked"] = f"no: {unchecked[0] if unchecked else 'no vLLM worker replied'}"
@@ -270,9 +275,8 @@ async def checked_update_weights(original, adapter, weights, global_steps=None, 
     if record.feeder:
         read_started = time.perf_counter()
         try:
-            dtype_name = str(dtype).replace("torch.", "")
             replies = await adapter._execute_method(READBACK_METHOD, kwargs={"shapes": stream.shapes,
-                                                                             "dtype": dtype_name})
+                                                                             "dtype": _dtype_name(dtype)})
             replies = list(replies or [])
             entry, mismatch = _compare(expected or stream.sums, replies, dtype)
             if entry["checked"] == "both sides":  # what the workers hold decides what the next sync casts
